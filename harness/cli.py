@@ -1,0 +1,176 @@
+"""The ``attn-harness`` command line: argument parsing only, composing library modules."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from harness.contract import Capabilities
+from harness.errors import BackendLoadError
+from harness.quick_check import dtype_name, run_quick_check
+from harness.registry import BackendEntry, default_registry
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _any(value: object) -> str:
+    if value is None:
+        return "any"
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _describe(entry: BackendEntry) -> dict[str, object]:
+    caps: Capabilities = entry.capabilities
+    return {
+        "name": entry.name,
+        "origin": entry.origin,
+        "class": f"{entry.cls.__module__}.{entry.cls.__qualname__}",
+        "dp_aware": entry.accepts_dp,
+        "dtypes": [dtype_name(d) for d in caps.dtypes],
+        "devices": list(caps.devices),
+        "page_sizes": _any(caps.page_sizes),
+        "head_dims": _any(caps.head_dims),
+        "max_seq_len": _any(caps.max_seq_len),
+        "graph_mode": caps.graph_mode,
+        "non_causal": caps.non_causal,
+        "max_dp_size": _any(caps.max_dp_size),
+    }
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _resolve_all(specs: Sequence[str]) -> list[BackendEntry]:
+    registry = default_registry()
+    return [registry.resolve(s) for s in specs] if specs else registry.entries()
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    entries = _resolve_all(args.backend)
+    described = [_describe(e) for e in entries]
+    errors = default_registry().load_errors
+    if args.json:
+        print(json.dumps({"backends": described, "load_errors": errors}, indent=2))
+        return EXIT_OK
+    header = [
+        "name",
+        "origin",
+        "dp-aware",
+        "dtypes",
+        "devices",
+        "page sizes",
+        "head dims",
+        "max len",
+        "graph",
+        "non-causal",
+        "max dp",
+    ]
+    keys = [
+        "name",
+        "origin",
+        "dp_aware",
+        "dtypes",
+        "devices",
+        "page_sizes",
+        "head_dims",
+        "max_seq_len",
+        "graph_mode",
+        "non_causal",
+        "max_dp_size",
+    ]
+    rows = [header] + [[_cell(d[k]) for k in keys] for d in described]
+    print(_table(rows))
+    for name, problem in sorted(errors.items()):
+        print(f"warning: entry point {name!r} not loaded: {problem}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    entries = _resolve_all(args.backend)
+    rows = [["backend", "passed", "failed", "errors", "unsupported", "worst case"]]
+    any_bad = False
+    for entry in entries:
+        results = run_quick_check(entry)
+        counts = {
+            s: sum(r.status == s for r in results)
+            for s in ("PASSED", "FAILED", "ERROR", "UNSUPPORTED")
+        }
+        bad = [r for r in results if r.status in ("FAILED", "ERROR")]
+        if args.verbose or bad:
+            for r in results if args.verbose else bad:
+                print(f"{r.status:11} {entry.name}: {r.case}: {r.detail}")
+        nothing = counts["PASSED"] == 0
+        any_bad = any_bad or bool(bad) or nothing
+        shown = bad[0].case if bad else ("nothing could be checked" if nothing else "-")
+        rows.append(
+            [
+                entry.name,
+                str(counts["PASSED"]),
+                str(counts["FAILED"]),
+                str(counts["ERROR"]),
+                str(counts["UNSUPPORTED"]),
+                shown,
+            ]
+        )
+    print(_table(rows))
+    print("quick check: " + ("FAILED" if any_bad else "all cases match the float64 oracle"))
+    return EXIT_FAILED if any_bad else EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="attn-harness",
+        description="Conformance and benchmarks for DP-partitioned paged attention backends.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    spec_help = (
+        "backend name, 'package.module:Class' or 'path/to/file.py:Class' "
+        "(repeatable; default: all registered)"
+    )
+    p_list = sub.add_parser("list", help="list backends with origin, DP-awareness, capabilities")
+    p_list.add_argument("--backend", action="append", default=[], metavar="SPEC", help=spec_help)
+    p_list.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p_list.set_defaults(func=cmd_list)
+    p_check = sub.add_parser(
+        "check",
+        help="quick oracle check: decode/prefill/extend/mixed "
+        "batches on every rank of dp_size 1..3, both layouts",
+    )
+    p_check.add_argument("--backend", action="append", default=[], metavar="SPEC", help=spec_help)
+    p_check.add_argument("-v", "--verbose", action="store_true", help="print every case")
+    p_check.set_defaults(func=cmd_check)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (BackendLoadError, KeyError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        print(f"attn-harness: error: {message}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

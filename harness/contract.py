@@ -1,0 +1,179 @@
+"""The backend contract of DESIGN.md §2: the public API outside backends use.
+
+Names and field meanings here are normative; new fields only with defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+DEFAULT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class LayerCache:
+    """One layer's paged KV cache, NHD: ``[num_pages, page_size, num_kv_heads, head_dim]``.
+
+    ``page_offset`` is the global id of ``key[0]``: a per-rank pool holds only
+    its rank's pages, yet metadata always speaks in global page ids.
+    """
+
+    key: torch.Tensor
+    value: torch.Tensor
+    page_offset: int = 0
+    total_pages: int | None = None
+
+    @property
+    def num_pages(self) -> int:
+        return int(self.key.shape[0])
+
+    @property
+    def page_size(self) -> int:
+        return int(self.key.shape[1])
+
+    @property
+    def num_kv_heads(self) -> int:
+        return int(self.key.shape[2])
+
+    @property
+    def head_dim(self) -> int:
+        return int(self.key.shape[3])
+
+    @property
+    def global_total_pages(self) -> int:
+        """Pages in the whole pool across every rank."""
+        if self.total_pages is None:
+            return self.page_offset + self.num_pages
+        return self.total_pages
+
+    @property
+    def held_pages(self) -> range:
+        """Global ids of the pages these tensors hold."""
+        return range(self.page_offset, self.page_offset + self.num_pages)
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class AttentionMetadata:
+    """One step's batch description, shared by all layers (DESIGN.md §2.3).
+
+    The constructor does not validate: :func:`harness.validate_metadata` does.
+    """
+
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+    causal: bool = True
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.slot_mapping.shape[0])
+
+    @property
+    def query_lens(self) -> torch.Tensor:
+        return self.query_start_loc[1:] - self.query_start_loc[:-1]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Capabilities:
+    """What a backend claims to support; ``None`` means "any".
+
+    The suites draw cases only inside this claim.
+    """
+
+    dtypes: tuple[torch.dtype, ...] = DEFAULT_DTYPES
+    devices: tuple[str, ...] = ("cpu",)
+    page_sizes: tuple[int, ...] | None = None
+    head_dims: tuple[int, ...] | None = None
+    max_seq_len: int | None = None
+    graph_mode: bool = True
+    non_causal: bool = True
+    max_dp_size: int | None = None
+
+    def unsupported_reason(
+        self,
+        *,
+        dtype: torch.dtype | None = None,
+        device: str | None = None,
+        page_size: int | None = None,
+        head_dim: int | None = None,
+        seq_len: int | None = None,
+        graph_mode: bool = False,
+        causal: bool = True,
+        dp_size: int = 1,
+    ) -> str | None:
+        """Why a case lies outside this claim, or ``None`` when it is inside."""
+        checks = [
+            (dtype is not None and dtype not in self.dtypes, f"dtype {dtype}"),
+            (device is not None and device not in self.devices, f"device {device!r}"),
+            (
+                page_size is not None
+                and self.page_sizes is not None
+                and page_size not in self.page_sizes,
+                f"page_size {page_size}",
+            ),
+            (
+                head_dim is not None
+                and self.head_dims is not None
+                and head_dim not in self.head_dims,
+                f"head_dim {head_dim}",
+            ),
+            (
+                seq_len is not None and self.max_seq_len is not None and seq_len > self.max_seq_len,
+                f"seq_len {seq_len} > {self.max_seq_len}",
+            ),
+            (graph_mode and not self.graph_mode, "graph_mode"),
+            (not causal and not self.non_causal, "non-causal attention"),
+            (
+                self.max_dp_size is not None and dp_size > self.max_dp_size,
+                f"dp_size {dp_size} > {self.max_dp_size}",
+            ),
+        ]
+        for failed, what in checks:
+            if failed:
+                return f"unsupported {what}"
+        return None
+
+
+DEFAULT_CAPABILITIES = Capabilities()
+
+
+@runtime_checkable
+class AttentionBackend(Protocol):
+    """What every attention backend implements (DESIGN.md §2.4).
+
+    The constructor takes ``num_heads, num_kv_heads, head_dim, scale`` and,
+    when DP-aware, ``dp_size, dp_rank`` by keyword. ``forward`` writes each
+    new key/value row to its slot, then returns attention over the cache.
+    """
+
+    def bind_kv_caches(self, layer_caches: list[LayerCache]) -> None: ...
+
+    def prepare(self, metadata: AttentionMetadata, graph_mode: bool = False) -> None: ...
+
+    def forward(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_idx: int
+    ) -> torch.Tensor: ...
+
+
+def capabilities_of(backend_cls: type) -> Capabilities:
+    """A backend's declared capabilities, or the documented defaults."""
+    declare = getattr(backend_cls, "capabilities", None)
+    if declare is None:
+        return DEFAULT_CAPABILITIES
+    caps = declare()
+    if not isinstance(caps, Capabilities):
+        raise TypeError(
+            f"{backend_cls.__qualname__}.capabilities() returned {type(caps).__name__}, "
+            "expected harness.Capabilities"
+        )
+    return caps

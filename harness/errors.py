@@ -1,0 +1,41 @@
+"""Exception types of the harness.
+
+Every error a backend or the harness raises for bad input is a ``ValueError``
+(DESIGN.md §2.4), so callers can catch one type; the subclasses let the
+suites tell *why* something was rejected.
+"""
+
+from __future__ import annotations
+
+
+class Unsupported(ValueError):
+    """A backend refuses a capability it does not have (dtype, page size, ...).
+
+    Distinct from a wrong rejection: the suites skip such cases instead of
+    failing them.
+    """
+
+
+class MetadataError(ValueError):
+    """Attention metadata is malformed; the message names the field."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}")
+
+
+class ForeignPageError(MetadataError):
+    """Metadata names a page or slot outside this DP rank's page range."""
+
+
+class CacheBindingError(ValueError):
+    """KV cache tensors disagree with the backend's geometry or DP range."""
+
+
+class BackendLoadError(ValueError):
+    """A backend spec or entry point cannot be loaded as a backend class."""
+
+
+class OutOfPages(RuntimeError):
+    """A DP rank's page range has no free page left for an allocation."""

@@ -1,0 +1,208 @@
+"""KV pages: the DP partition, the page allocator and cache construction.
+
+``dp_page_range`` is the one partition function (DESIGN.md §2.2). The
+``PagePool`` hands each rank pages only from its own range, so every batch
+built on it is by construction one that rank may legally see.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from harness.contract import LayerCache
+from harness.errors import OutOfPages
+
+
+def _require_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    return value
+
+
+def dp_page_range(total_pages: int, dp_size: int, dp_rank: int) -> range:
+    """Global page ids owned by ``dp_rank``: balanced and contiguous.
+
+    ``base, extra = divmod(total_pages, dp_size)``; rank ``r`` gets
+    ``base + (r < extra)`` pages starting at ``r * base + min(r, extra)``.
+    """
+    total_pages = _require_int("total_pages", total_pages)
+    dp_size = _require_int("dp_size", dp_size)
+    dp_rank = _require_int("dp_rank", dp_rank)
+    if dp_size < 1:
+        raise ValueError(f"dp_size must be >= 1, got {dp_size}")
+    if not 0 <= dp_rank < dp_size:
+        raise ValueError(f"dp_rank must be in [0, {dp_size}), got {dp_rank}")
+    if total_pages < dp_size:
+        raise ValueError(
+            f"total_pages ({total_pages}) must be >= dp_size ({dp_size}): "
+            "every rank needs at least one page"
+        )
+    base, extra = divmod(total_pages, dp_size)
+    start = dp_rank * base + min(dp_rank, extra)
+    return range(start, start + base + (dp_rank < extra))
+
+
+class PoolLayout(enum.Enum):
+    """How cache tensors map to ranks (DESIGN.md §2.2)."""
+
+    SHARED = "shared"
+    """One pool on one device; every rank binds all of it, ``page_offset = 0``."""
+    PER_RANK = "per_rank"
+    """One pool per rank holding only its own pages, ``page_offset = range.start``."""
+
+
+class PagePool:
+    """Allocates global page ids per DP rank, with reference counts.
+
+    Reference counts let sequences share prefix pages: a page returns to its
+    rank's free list when its last holder frees it. ``shuffle_seed`` hands
+    pages out in a random order, so block tables are not monotone.
+    """
+
+    def __init__(
+        self, total_pages: int, dp_size: int = 1, *, shuffle_seed: int | None = None
+    ) -> None:
+        self.total_pages = total_pages
+        self.dp_size = dp_size
+        self.ranges = [dp_page_range(total_pages, dp_size, r) for r in range(dp_size)]
+        self._free: list[list[int]] = []
+        for page_range in self.ranges:
+            pages = list(page_range)
+            if shuffle_seed is not None:
+                random.Random(shuffle_seed * 1_000_003 + page_range.start).shuffle(pages)
+            pages.reverse()  # pop() from the end hands out the first page first
+            self._free.append(pages)
+        self._refs: dict[int, int] = {}
+
+    def rank_range(self, rank: int) -> range:
+        self._check_rank(rank)
+        return self.ranges[rank]
+
+    def num_free(self, rank: int) -> int:
+        self._check_rank(rank)
+        return len(self._free[rank])
+
+    def allocate(self, rank: int, count: int) -> list[int]:
+        """Take ``count`` pages from ``rank``'s range; all or nothing."""
+        self._check_rank(rank)
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        free = self._free[rank]
+        if count > len(free):
+            raise OutOfPages(
+                f"rank {rank} needs {count} pages but has {len(free)} free "
+                f"of {len(self.ranges[rank])}"
+            )
+        pages = [free.pop() for _ in range(count)]
+        for page in pages:
+            self._refs[page] = 1
+        return pages
+
+    def retain(self, pages: Iterable[int]) -> None:
+        """Add a holder to pages already allocated (prefix sharing)."""
+        for page in pages:
+            if page not in self._refs:
+                raise ValueError(f"page {page} is not allocated")
+            self._refs[page] += 1
+
+    def free(self, pages: Iterable[int]) -> None:
+        """Drop one holder of each page; a page with none left is free again."""
+        for page in pages:
+            refs = self._refs.get(page)
+            if refs is None:
+                raise ValueError(f"page {page} is not allocated (double free?)")
+            if refs > 1:
+                self._refs[page] = refs - 1
+                continue
+            del self._refs[page]
+            self._free[self.owner(page)].append(page)
+
+    def owner(self, page: int) -> int:
+        """The rank whose range holds ``page``."""
+        for rank, page_range in enumerate(self.ranges):
+            if page in page_range:
+                return rank
+        raise ValueError(f"page {page} is outside the pool [0, {self.total_pages})")
+
+    def refcount(self, page: int) -> int:
+        return self._refs.get(page, 0)
+
+    def _check_rank(self, rank: int) -> None:
+        if not 0 <= rank < self.dp_size:
+            raise ValueError(f"rank must be in [0, {self.dp_size}), got {rank}")
+
+
+def make_layer_caches(
+    *,
+    num_layers: int,
+    total_pages: int,
+    page_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    layout: PoolLayout = PoolLayout.SHARED,
+    dp_size: int = 1,
+    dp_rank: int = 0,
+    fill: float = float("nan"),
+) -> list[LayerCache]:
+    """Cache tensors for one rank in either layout, filled with ``fill``.
+
+    The default NaN fill stands for the garbage a real engine leaves in
+    unwritten memory: a backend that reads it produces NaN and fails.
+    """
+    if layout is PoolLayout.SHARED:
+        offset, held = 0, total_pages
+    else:
+        page_range = dp_page_range(total_pages, dp_size, dp_rank)
+        offset, held = page_range.start, len(page_range)
+    shape = (held, page_size, num_kv_heads, head_dim)
+    return [
+        LayerCache(
+            key=torch.full(shape, fill, dtype=dtype, device=device),
+            value=torch.full(shape, fill, dtype=dtype, device=device),
+            page_offset=offset,
+            total_pages=total_pages,
+        )
+        for _ in range(num_layers)
+    ]
+
+
+def token_slots(pages: Sequence[int], positions: Iterable[int], page_size: int) -> list[int]:
+    """Global slots of token ``positions`` of a sequence laid on ``pages``."""
+    return [pages[p // page_size] * page_size + p % page_size for p in positions]
+
+
+def local_slots(cache: LayerCache, global_slots: torch.Tensor) -> torch.Tensor:
+    """Turn global slot ids into row indices of ``cache`` flattened to tokens."""
+    return global_slots - cache.page_offset * cache.page_size
+
+
+def flat_tokens(tensor: torch.Tensor) -> torch.Tensor:
+    """View a ``[pages, page_size, heads, dim]`` cache tensor as ``[slots, heads, dim]``."""
+    return tensor.view(-1, tensor.shape[2], tensor.shape[3])
+
+
+def write_tokens(
+    cache: LayerCache, global_slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+) -> None:
+    """Store key/value rows at global slots (all slots must be held by ``cache``)."""
+    rows = local_slots(cache, global_slots.to(device=cache.key.device, dtype=torch.long))
+    flat_tokens(cache.key).index_copy_(0, rows, key.to(cache.key.dtype))
+    flat_tokens(cache.value).index_copy_(0, rows, value.to(cache.value.dtype))
+
+
+def read_tokens(
+    cache: LayerCache, pages: Sequence[int], length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``length`` tokens of a sequence on ``pages``, contiguous ``[L, KV, D]``."""
+    slots = torch.tensor(token_slots(pages, range(length), cache.page_size), dtype=torch.long)
+    rows = local_slots(cache, slots).to(cache.key.device)
+    return (
+        flat_tokens(cache.key).index_select(0, rows),
+        flat_tokens(cache.value).index_select(0, rows),
+    )

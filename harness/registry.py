@@ -1,0 +1,291 @@
+"""Backend registry: register, look up, load from specs and entry points, create.
+
+Keeps the seed's API (``register_backend``, ``get_backend``, ``list_backends``,
+``create_attention_backend``, ``DPBackendConfig``) and fixes its defects:
+duplicates need ``replace=True``, the protocol is checked at registration,
+DP values reach only constructors that accept them, and a non-DP backend
+asked for ``dp_size > 1`` is an error naming it (DESIGN.md §2.5).
+
+Built-ins and entry points are loaded on first use, not as an import side
+effect, so importing ``harness`` stays cheap and a broken third-party
+package cannot break it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+import warnings
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from harness.contract import Capabilities, capabilities_of
+from harness.errors import BackendLoadError
+from harness.validate import validate_dp_config
+
+ENTRY_POINT_GROUP = "attn_harness.backends"
+_PROTOCOL_METHODS = ("bind_kv_caches", "prepare", "forward")
+
+
+@dataclass(frozen=True)
+class DPBackendConfig:
+    """The DP group a backend instance serves; validated on construction."""
+
+    dp_size: int = 1
+    dp_rank: int = 0
+
+    def __post_init__(self) -> None:
+        validate_dp_config(self.dp_size, self.dp_rank)
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    """A registered backend and where it came from."""
+
+    name: str
+    cls: type
+    origin: str  # "built-in", "entry point (dist)", "spec", or "registered"
+
+    @property
+    def accepts_dp(self) -> bool:
+        return accepts_dp(self.cls)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return capabilities_of(self.cls)
+
+
+def check_backend_class(cls: object) -> type:
+    """Raise ``TypeError`` unless ``cls`` is a class with the protocol's methods."""
+    if not inspect.isclass(cls):
+        raise TypeError(f"a backend must be a class, got {cls!r}")
+    missing = [m for m in _PROTOCOL_METHODS if not callable(getattr(cls, m, None))]
+    if missing:
+        raise TypeError(
+            f"{cls.__module__}.{cls.__qualname__} does not satisfy the AttentionBackend "
+            f"protocol: missing {', '.join(missing)}"
+        )
+    return cls
+
+
+def accepts_dp(cls: type) -> bool:
+    """A constructor accepts DP when it names ``dp_size`` and ``dp_rank`` or takes ``**kwargs``."""
+    try:
+        params = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    names = {p.name for p in params}
+    return {"dp_size", "dp_rank"} <= names or any(p.kind is p.VAR_KEYWORD for p in params)
+
+
+class BackendRegistry:
+    """Name -> backend class, with origins; built-ins and entry points load lazily."""
+
+    def __init__(self, *, autoload: bool = True) -> None:
+        self._entries: dict[str, BackendEntry] = {}
+        self._autoload = autoload
+        self._loaded = not autoload
+        self.load_errors: dict[str, str] = {}
+
+    def register(
+        self, name: str, cls: type, *, replace: bool = False, origin: str = "registered"
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"backend name must be a non-empty string, got {name!r}")
+        check_backend_class(cls)
+        self._ensure_loaded()
+        existing = self._entries.get(name)
+        if existing is not None and not replace and existing.cls is not cls:
+            raise ValueError(
+                f"backend {name!r} is already registered ({existing.origin}: "
+                f"{existing.cls.__module__}.{existing.cls.__qualname__}); "
+                "pass replace=True to override it"
+            )
+        self._entries[name] = BackendEntry(name, cls, origin)
+
+    def unregister(self, name: str) -> None:
+        self._ensure_loaded()
+        self.entry(name)
+        del self._entries[name]
+
+    def entry(self, name: str) -> BackendEntry:
+        self._ensure_loaded()
+        if name not in self._entries:
+            available = ", ".join(sorted(self._entries)) or "(none)"
+            raise KeyError(f"Unknown attention backend '{name}'. Available: {available}")
+        return self._entries[name]
+
+    def names(self) -> list[str]:
+        self._ensure_loaded()
+        return sorted(self._entries)
+
+    def entries(self) -> list[BackendEntry]:
+        return [self._entries[n] for n in self.names()]
+
+    def resolve(self, name_or_spec: str) -> BackendEntry:
+        """A registered name, or a ``module:Class`` / ``file.py:Class`` spec (registered)."""
+        self._ensure_loaded()
+        if name_or_spec in self._entries:
+            return self._entries[name_or_spec]
+        if ":" not in name_or_spec:
+            return self.entry(name_or_spec)  # raises KeyError listing names
+        cls = load_backend_spec(name_or_spec)
+        self.register(name_or_spec, cls, replace=True, origin="spec")
+        return self._entries[name_or_spec]
+
+    def _ensure_loaded(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True
+        from reference_backends import BUILTIN_BACKENDS
+
+        for name, cls in BUILTIN_BACKENDS.items():
+            self._entries.setdefault(name, BackendEntry(name, check_backend_class(cls), "built-in"))
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            dist = ep.dist.name if ep.dist is not None else "unknown"
+            try:
+                cls = check_backend_class(ep.load())
+            except Exception as exc:  # a broken plugin must not break the registry
+                self.load_errors[ep.name] = f"{type(exc).__name__}: {exc}"
+                warnings.warn(
+                    f"attn_harness.backends entry point {ep.name!r} ({dist}) failed to load: {exc}",
+                    stacklevel=2,
+                )
+                continue
+            if ep.name in self._entries and self._entries[ep.name].cls is not cls:
+                self.load_errors[ep.name] = (
+                    f"entry point from {dist} clashes with {self._entries[ep.name].origin} backend"
+                )
+                continue
+            self._entries[ep.name] = BackendEntry(ep.name, cls, f"entry point ({dist})")
+
+
+def load_backend_spec(spec: str) -> type:
+    """Load ``package.module:Class`` or ``path/to/file.py:Class`` (imported by path)."""
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr:
+        raise BackendLoadError(
+            f"backend spec {spec!r} must look like 'package.module:Class' "
+            "or 'path/to/file.py:Class'"
+        )
+    if target.endswith(".py"):
+        module = _import_file(Path(target), spec)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except Exception as exc:
+            raise BackendLoadError(
+                f"cannot import module {target!r} of backend spec {spec!r}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+    try:
+        obj = getattr(module, attr)
+    except AttributeError as exc:
+        raise BackendLoadError(
+            f"module {target!r} has no attribute {attr!r} (backend spec {spec!r})"
+        ) from exc
+    try:
+        return check_backend_class(obj)
+    except TypeError as exc:
+        raise BackendLoadError(f"backend spec {spec!r}: {exc}") from exc
+
+
+def _import_file(path: Path, spec: str) -> Any:
+    if not path.is_file():
+        raise BackendLoadError(f"backend file {str(path)!r} of spec {spec!r} does not exist")
+    resolved = path.resolve()
+    digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:12]
+    name = f"_attn_harness_spec_{resolved.stem}_{digest}"
+    if name in sys.modules:
+        return sys.modules[name]
+    module_spec = importlib.util.spec_from_file_location(name, resolved)
+    if module_spec is None or module_spec.loader is None:
+        raise BackendLoadError(f"cannot import {str(path)!r} of backend spec {spec!r}")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # dataclasses and pickling look modules up by name
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise BackendLoadError(
+            f"importing {str(path)!r} of backend spec {spec!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    return module
+
+
+_DEFAULT = BackendRegistry()
+
+
+def default_registry() -> BackendRegistry:
+    return _DEFAULT
+
+
+def register_backend(name: str, cls: type, *, replace: bool = False) -> None:
+    """Register an attention backend class under ``name`` (``replace=True`` to override)."""
+    _DEFAULT.register(name, cls, replace=replace)
+
+
+def get_backend(name: str) -> type:
+    """Look up a backend class by registered name or spec; ``KeyError`` lists the names."""
+    return _DEFAULT.resolve(name).cls
+
+
+def list_backends() -> list[str]:
+    """Names of all registered backends, sorted."""
+    return _DEFAULT.names()
+
+
+def instantiate_backend(
+    cls: type,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    scale: float,
+    dp_config: DPBackendConfig | None = None,
+    name: str | None = None,
+    **kwargs: Any,
+) -> Any:
+    """Construct ``cls``, passing DP values only when its constructor accepts them."""
+    init_kwargs: dict[str, Any] = dict(
+        num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, scale=scale, **kwargs
+    )
+    if dp_config is not None:
+        if accepts_dp(cls):
+            init_kwargs["dp_size"] = dp_config.dp_size
+            init_kwargs["dp_rank"] = dp_config.dp_rank
+        elif dp_config.dp_size > 1:
+            label = name or f"{cls.__module__}.{cls.__qualname__}"
+            raise ValueError(
+                f"backend {label!r} is not DP-aware (its constructor takes neither "
+                f"dp_size/dp_rank nor **kwargs) and cannot serve dp_size={dp_config.dp_size}"
+            )
+    return cls(**init_kwargs)
+
+
+def create_attention_backend(
+    name: str,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    scale: float,
+    dp_config: DPBackendConfig | None = None,
+    **kwargs: Any,
+) -> Any:
+    """Instantiate a registered backend (or spec) with its DP config."""
+    return instantiate_backend(
+        _DEFAULT.resolve(name).cls,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        scale=scale,
+        dp_config=dp_config,
+        name=name,
+        **kwargs,
+    )

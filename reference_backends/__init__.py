@@ -1,0 +1,17 @@
+"""Built-in attention backends, registered by name through ``BUILTIN_BACKENDS``.
+
+The registry reads this mapping on first use; importing this package does
+not touch any registry.
+"""
+
+from __future__ import annotations
+
+from reference_backends.reference import ReferenceBackend
+from reference_backends.sdpa import SdpaBackend
+
+BUILTIN_BACKENDS: dict[str, type] = {
+    "reference": ReferenceBackend,
+    "sdpa": SdpaBackend,
+}
+
+__all__ = ["BUILTIN_BACKENDS", "ReferenceBackend", "SdpaBackend"]

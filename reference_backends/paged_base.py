@@ -1,0 +1,164 @@
+"""What every built-in backend shares: argument checks, binding, DP ownership, KV writes.
+
+Subclasses implement only the attention itself (``_plan`` in ``prepare``,
+``_attend`` in ``forward``), so the contract's rules live in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from harness.contract import AttentionMetadata, Capabilities, LayerCache
+from harness.kv_pages import flat_tokens
+from harness.validate import (
+    CacheGeometry,
+    CheckedMetadata,
+    check_rank_is_bound,
+    check_rank_ownership,
+    read_metadata,
+    validate_backend_args,
+    validate_forward_inputs,
+    validate_layer_caches,
+    validate_metadata,
+)
+
+
+@dataclass(frozen=True)
+class PreparedStep:
+    """Device-side indices for one step, built once in ``prepare``."""
+
+    checked: CheckedMetadata
+    write_tokens: torch.Tensor  # indices of tokens whose slot is not -1
+    write_rows: torch.Tensor  # their rows in the flattened (local) cache
+    plan: Any  # the subclass's own per-step data
+
+
+class PagedBackendBase:
+    """DP-aware paged attention skeleton following DESIGN.md §2.
+
+    ``validate=False`` skips the per-step metadata and ownership checks
+    (for timing); constructor and binding checks always run.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        dp_size: int = 1,
+        dp_rank: int = 0,
+        validate: bool = True,
+    ) -> None:
+        validate_backend_args(
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            scale=scale,
+            dp_size=dp_size,
+            dp_rank=dp_rank,
+        )
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = float(scale)
+        self.dp_size = dp_size
+        self.dp_rank = dp_rank
+        self.validate = validate
+        self._caches: list[LayerCache] = []
+        self._geometry: CacheGeometry | None = None
+        self._page_range: range | None = None
+        self._step: PreparedStep | None = None
+
+    def bind_kv_caches(self, layer_caches: list[LayerCache]) -> None:
+        geometry = validate_layer_caches(
+            layer_caches, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim
+        )
+        self._page_range = check_rank_is_bound(geometry, self.dp_size, self.dp_rank)
+        self._geometry = geometry
+        self._caches = list(layer_caches)
+        self._step = None
+
+    def prepare(self, metadata: AttentionMetadata, graph_mode: bool = False) -> None:
+        geometry = self._require_bound()
+        assert self._page_range is not None
+        if self.validate:
+            checked = validate_metadata(
+                metadata,
+                page_size=geometry.page_size,
+                total_pages=geometry.total_pages,
+                graph_mode=graph_mode,
+            )
+            check_rank_ownership(checked, page_size=geometry.page_size, page_range=self._page_range)
+        else:
+            checked = read_metadata(metadata, page_size=geometry.page_size)
+        device = geometry.device
+        tokens = [i for i, slot in enumerate(checked.slots) if slot != -1]
+        base = geometry.page_offset * geometry.page_size
+        rows = [checked.slots[i] - base for i in tokens]
+        self._step = PreparedStep(
+            checked=checked,
+            write_tokens=torch.tensor(tokens, dtype=torch.long, device=device),
+            write_rows=torch.tensor(rows, dtype=torch.long, device=device),
+            plan=self._plan(checked, geometry),
+        )
+
+    def forward(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_idx: int
+    ) -> torch.Tensor:
+        geometry = self._require_bound()
+        if self._step is None:
+            raise RuntimeError("forward called before prepare")
+        step = self._step
+        validate_forward_inputs(
+            query,
+            key,
+            value,
+            layer_idx,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            num_tokens=len(step.checked.slots),
+            geometry=geometry,
+        )
+        cache = self._caches[layer_idx]
+        if step.write_tokens.numel():
+            flat_tokens(cache.key).index_copy_(
+                0, step.write_rows, key.index_select(0, step.write_tokens)
+            )
+            flat_tokens(cache.value).index_copy_(
+                0, step.write_rows, value.index_select(0, step.write_tokens)
+            )
+        return self._attend(query, cache, step)
+
+    @classmethod
+    def capabilities(cls) -> Capabilities:
+        """Every float dtype, any page size and head dim, on the CPU and CUDA."""
+        return Capabilities(devices=("cpu", "cuda"))
+
+    # -- subclass hooks ---------------------------------------------------
+
+    def _plan(self, checked: CheckedMetadata, geometry: CacheGeometry) -> Any:
+        """Per-step data for ``_attend``, built on the host in ``prepare``."""
+        return None
+
+    def _attend(self, query: torch.Tensor, cache: LayerCache, step: PreparedStep) -> torch.Tensor:
+        raise NotImplementedError
+
+    # -- helpers ----------------------------------------------------------
+
+    def _require_bound(self) -> CacheGeometry:
+        if self._geometry is None:
+            raise RuntimeError("bind_kv_caches must be called before prepare/forward")
+        return self._geometry
+
+    def _local_rows(self, pages: list[int], length: int) -> list[int]:
+        """Flattened-cache rows of a sequence's first ``length`` tokens."""
+        geometry = self._require_bound()
+        size = geometry.page_size
+        base = geometry.page_offset * size
+        return [pages[p // size] * size + p % size - base for p in range(length)]
