@@ -106,7 +106,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     entries = _resolve_all(args.backend)
-    rows = [["backend", "passed", "failed", "errors", "unsupported", "worst case"]]
+    rows = [["backend", "passed", "failed", "errors", "unsupported", "first failure"]]
     any_bad = False
     for entry in entries:
         results = run_quick_check(entry)

@@ -74,8 +74,12 @@ def quick_scenarios(caps: Capabilities) -> Iterator[tuple[str, Scenario]]:
 
 def run_quick_check(entry: BackendEntry) -> list[CaseResult]:
     """Run every quick scenario on ``entry``; no exception escapes, each case gets a status."""
+    try:
+        caps = entry.capabilities
+    except TypeError as exc:
+        return [CaseResult(entry.name, "capabilities()", "ERROR", str(exc))]
     results = []
-    for case, scenario in quick_scenarios(entry.capabilities):
+    for case, scenario in quick_scenarios(caps):
         if scenario.dp_size > 1 and not entry.accepts_dp:
             results.append(CaseResult(entry.name, case, "UNSUPPORTED", "not DP-aware"))
             continue

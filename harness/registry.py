@@ -150,6 +150,7 @@ class BackendRegistry:
             dist = ep.dist.name if ep.dist is not None else "unknown"
             try:
                 cls = check_backend_class(ep.load())
+                capabilities_of(cls)
             except Exception as exc:  # a broken plugin must not break the registry
                 self.load_errors[ep.name] = f"{type(exc).__name__}: {exc}"
                 warnings.warn(
@@ -190,9 +191,11 @@ def load_backend_spec(spec: str) -> type:
             f"module {target!r} has no attribute {attr!r} (backend spec {spec!r})"
         ) from exc
     try:
-        return check_backend_class(obj)
+        cls = check_backend_class(obj)
+        capabilities_of(cls)  # a malformed claim is a load error, not a later crash
     except TypeError as exc:
         raise BackendLoadError(f"backend spec {spec!r}: {exc}") from exc
+    return cls
 
 
 def _import_file(path: Path, spec: str) -> Any:

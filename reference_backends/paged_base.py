@@ -1,11 +1,12 @@
 """What every built-in backend shares: argument checks, binding, DP ownership, KV writes.
 
-Subclasses implement only the attention itself (``_plan`` in ``prepare``,
-``_attend`` in ``forward``), so the contract's rules live in one place.
+Subclasses implement only the attention itself (``attend``, plus an optional
+``plan_step`` run in ``prepare``), so the contract's rules live in one place.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,15 +34,20 @@ class PreparedStep:
     checked: CheckedMetadata
     write_tokens: torch.Tensor  # indices of tokens whose slot is not -1
     write_rows: torch.Tensor  # their rows in the flattened (local) cache
+    sequence_rows: list[torch.Tensor | None]  # per row: its tokens' cache rows (None: padding)
     plan: Any  # the subclass's own per-step data
 
 
 class PagedBackendBase:
     """DP-aware paged attention skeleton following DESIGN.md §2.
 
+    Set ``per_sequence_rows = False`` in a subclass that does not call
+    ``sequences`` to skip building per-sequence indices in ``prepare``.
     ``validate=False`` skips the per-step metadata and ownership checks
     (for timing); constructor and binding checks always run.
     """
+
+    per_sequence_rows: bool = True
 
     def __init__(
         self,
@@ -100,11 +106,20 @@ class PagedBackendBase:
         tokens = [i for i, slot in enumerate(checked.slots) if slot != -1]
         base = geometry.page_offset * geometry.page_size
         rows = [checked.slots[i] - base for i in tokens]
+        sequence_rows: list[torch.Tensor | None] = []
+        if self.per_sequence_rows:
+            sequence_rows = [
+                torch.tensor(self.cache_rows(pages, length), dtype=torch.long, device=device)
+                if length
+                else None
+                for pages, length in zip(checked.pages, checked.seq_lens, strict=True)
+            ]
         self._step = PreparedStep(
             checked=checked,
             write_tokens=torch.tensor(tokens, dtype=torch.long, device=device),
             write_rows=torch.tensor(rows, dtype=torch.long, device=device),
-            plan=self._plan(checked, geometry),
+            sequence_rows=sequence_rows,
+            plan=self.plan_step(checked, geometry),
         )
 
     def forward(
@@ -133,7 +148,7 @@ class PagedBackendBase:
             flat_tokens(cache.value).index_copy_(
                 0, step.write_rows, value.index_select(0, step.write_tokens)
             )
-        return self._attend(query, cache, step)
+        return self.attend(query, cache, step)
 
     @classmethod
     def capabilities(cls) -> Capabilities:
@@ -142,11 +157,12 @@ class PagedBackendBase:
 
     # -- subclass hooks ---------------------------------------------------
 
-    def _plan(self, checked: CheckedMetadata, geometry: CacheGeometry) -> Any:
-        """Per-step data for ``_attend``, built on the host in ``prepare``."""
+    def plan_step(self, checked: CheckedMetadata, geometry: CacheGeometry) -> Any:
+        """Per-step data for ``attend`` (``step.plan``), built in ``prepare``."""
         return None
 
-    def _attend(self, query: torch.Tensor, cache: LayerCache, step: PreparedStep) -> torch.Tensor:
+    def attend(self, query: torch.Tensor, cache: LayerCache, step: PreparedStep) -> torch.Tensor:
+        """Attention for every query token over ``cache``, whose new K/V are written."""
         raise NotImplementedError
 
     # -- helpers ----------------------------------------------------------
@@ -156,7 +172,19 @@ class PagedBackendBase:
             raise RuntimeError("bind_kv_caches must be called before prepare/forward")
         return self._geometry
 
-    def _local_rows(self, pages: list[int], length: int) -> list[int]:
+    def sequences(
+        self, cache: LayerCache, step: PreparedStep
+    ) -> Iterator[tuple[slice, torch.Tensor, torch.Tensor]]:
+        """Each real sequence's query rows and its contiguous K/V, ``[KV, L, D]``."""
+        starts = step.checked.query_start
+        for row, rows in enumerate(step.sequence_rows):
+            if rows is None or starts[row + 1] == starts[row]:
+                continue  # graph-mode padding: nothing to read, output unspecified
+            key = flat_tokens(cache.key).index_select(0, rows).transpose(0, 1)
+            value = flat_tokens(cache.value).index_select(0, rows).transpose(0, 1)
+            yield slice(starts[row], starts[row + 1]), key, value
+
+    def cache_rows(self, pages: list[int], length: int) -> list[int]:
         """Flattened-cache rows of a sequence's first ``length`` tokens."""
         geometry = self._require_bound()
         size = geometry.page_size

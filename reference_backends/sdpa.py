@@ -1,10 +1,12 @@
 """``sdpa``: torch ``scaled_dot_product_attention`` over gathered pages, batched.
 
-``prepare`` builds, once per step, the gather indices that lay every
-sequence's tokens out as a padded ``[B, KV, L_max, D]`` batch and, when the
-batch is ragged or causal with q > 1, a boolean mask (bottom-right causal and
-length). ``forward`` then does one gather, one SDPA call and one scatter,
-with no host synchronisation (graph-mode safe).
+``prepare`` builds, once per step, the indices that lay every sequence's
+pages out as a padded ``[B, KV, L_max, D]`` batch and, when the batch is
+ragged or causal with q > 1, a boolean mask (bottom-right causal and length).
+``forward`` gathers whole pages (block copies, not token rows) into buffers
+kept across calls, zeroes only the padded token rows, and makes one SDPA call:
+no host synchronisation (graph-mode safe) and no fresh large allocations,
+whose page faults cost more than the copy itself on the CPU.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import torch
 import torch.nn.functional as F
 
 from harness.contract import LayerCache
-from harness.kv_pages import flat_tokens
 from harness.validate import CacheGeometry, CheckedMetadata
 from reference_backends.paged_base import PagedBackendBase, PreparedStep
 
@@ -25,63 +26,69 @@ class SdpaPlan:
     batch: int
     max_q: int
     max_len: int
-    key_rows: torch.Tensor  # [B * L_max] flattened-cache rows (0 where padded)
-    key_pad: torch.Tensor | None  # [B, 1, L_max, 1] True where padded, None if none
-    query_rows: torch.Tensor  # [B * Q_max] token ids (0 where padded)
-    out_src: torch.Tensor  # positions in the flattened [B * Q_max] result of real tokens
-    out_dst: torch.Tensor  # their token ids in the output
+    pages_per_seq: int
+    pages: torch.Tensor  # [B * pages_per_seq] local page indices (0 where padded)
+    pad_rows: torch.Tensor | None  # token rows of the gathered batch past a sequence's end
+    query_rows: torch.Tensor | None  # [B * Q_max] token ids; None when the batch is dense
+    out_src: torch.Tensor | None  # rows of the flattened result that are real tokens
+    out_dst: torch.Tensor | None  # their token ids
     mask: torch.Tensor | None  # [B, 1, Q_max, L_max] True = attend; None = attend to all
 
 
-def _build_plan(
-    backend: SdpaBackend, checked: CheckedMetadata, geometry: CacheGeometry
-) -> SdpaPlan | None:
-    real = [r for r in checked.real_rows if checked.query_lens[r] > 0]
+def _build_plan(checked: CheckedMetadata, geometry: CacheGeometry) -> SdpaPlan | None:
+    query_lens = checked.query_lens
+    real = [r for r in checked.real_rows if query_lens[r] > 0]
     if not real:
         return None
-    starts, query_lens = checked.query_start, checked.query_lens
+    size, starts = geometry.page_size, checked.query_start
     lens = [checked.seq_lens[r] for r in real]
     qlens = [query_lens[r] for r in real]
     max_len, max_q = max(lens), max(qlens)
-    key_rows: list[int] = []
-    query_rows: list[int] = []
-    out_src: list[int] = []
-    out_dst: list[int] = []
+    per_seq = -(-max_len // size)
+    pages: list[int] = []
+    pad_rows: list[int] = []
     for b, r in enumerate(real):
-        rows = backend._local_rows(checked.pages[r], lens[b])
-        key_rows.extend(rows + [0] * (max_len - lens[b]))
-        tokens = list(range(starts[r], starts[r] + qlens[b]))
-        query_rows.extend(tokens + [0] * (max_q - qlens[b]))
-        out_src.extend(b * max_q + j for j in range(qlens[b]))
-        out_dst.extend(tokens)
+        own = [p - geometry.page_offset for p in checked.pages[r]]
+        pages.extend(own + [0] * (per_seq - len(own)))
+        pad_rows.extend(range(b * per_seq * size + lens[b], b * per_seq * size + max_len))
     device = geometry.device
-    ragged = any(length != max_len for length in lens)
-    lengths = torch.tensor(lens, device=device)
-    key_pos = torch.arange(max_len, device=device)
-    key_valid = key_pos[None, :] < lengths[:, None]  # [B, L]
-    needs_mask = ragged or any(q != max_q for q in qlens) or (checked.causal and max_q > 1)
-    mask = None
-    if needs_mask:
-        mask = key_valid[:, None, :].expand(-1, max_q, -1)
-        if checked.causal:
-            q_pos = (lengths - torch.tensor(qlens, device=device))[:, None] + torch.arange(
-                max_q, device=device
-            )[None, :]  # [B, Q]
-            mask = mask & (key_pos[None, None, :] <= q_pos[:, :, None])
-        mask = mask.unsqueeze(1)
 
     def as_long(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=device)
 
+    dense = len(real) == len(query_lens) and all(q == max_q for q in qlens)
+    query_rows = out_src = out_dst = None
+    if not dense:
+        rows: list[int] = []
+        src: list[int] = []
+        dst: list[int] = []
+        for b, r in enumerate(real):
+            tokens = list(range(starts[r], starts[r] + qlens[b]))
+            rows.extend(tokens + [0] * (max_q - qlens[b]))
+            src.extend(b * max_q + j for j in range(qlens[b]))
+            dst.extend(tokens)
+        query_rows, out_src, out_dst = as_long(rows), as_long(src), as_long(dst)
+    mask = None
+    ragged = any(length != max_len for length in lens)
+    if ragged or not dense or (checked.causal and max_q > 1):
+        lengths = torch.tensor(lens, device=device)
+        key_pos = torch.arange(max_len, device=device)
+        mask = (key_pos[None, :] < lengths[:, None])[:, None, :].expand(-1, max_q, -1)
+        if checked.causal:
+            first = (lengths - torch.tensor(qlens, device=device))[:, None]
+            q_pos = first + torch.arange(max_q, device=device)[None, :]  # [B, Q]
+            mask = mask & (key_pos[None, None, :] <= q_pos[:, :, None])
+        mask = mask.unsqueeze(1)
     return SdpaPlan(
         batch=len(real),
         max_q=max_q,
         max_len=max_len,
-        key_rows=as_long(key_rows),
-        key_pad=(~key_valid)[:, None, :, None] if ragged else None,
-        query_rows=as_long(query_rows),
-        out_src=as_long(out_src),
-        out_dst=as_long(out_dst),
+        pages_per_seq=per_seq,
+        pages=as_long(pages),
+        pad_rows=as_long(pad_rows) if pad_rows else None,
+        query_rows=query_rows,
+        out_src=out_src,
+        out_dst=out_dst,
         mask=mask,
     )
 
@@ -89,31 +96,65 @@ def _build_plan(
 class SdpaBackend(PagedBackendBase):
     """Batched paged attention through torch SDPA; DP-aware, the fast CPU path."""
 
-    def _plan(self, checked: CheckedMetadata, geometry: CacheGeometry) -> SdpaPlan | None:
-        return _build_plan(self, checked, geometry)
+    per_sequence_rows = False
 
-    def _gather(self, tensor: torch.Tensor, plan: SdpaPlan) -> torch.Tensor:
-        gathered = flat_tokens(tensor).index_select(0, plan.key_rows)
-        gathered = gathered.view(plan.batch, plan.max_len, self.num_kv_heads, self.head_dim)
-        gathered = gathered.transpose(1, 2)  # [B, KV, L, D]
-        if plan.key_pad is not None:  # padding reads arbitrary (maybe NaN) memory
-            gathered = gathered.masked_fill(plan.key_pad, 0)
-        return gathered
+    def plan_step(self, checked: CheckedMetadata, geometry: CacheGeometry) -> SdpaPlan | None:
+        plan = _build_plan(checked, geometry)
+        if plan is not None:  # size the gather buffers here, on the host, not in forward
+            self._buffer("key", plan, geometry)
+            self._buffer("value", plan, geometry)
+        return plan
 
-    def _attend(self, query: torch.Tensor, cache: LayerCache, step: PreparedStep) -> torch.Tensor:
+    def _buffer(self, which: str, plan: SdpaPlan, geometry: CacheGeometry) -> torch.Tensor:
+        """A reusable ``[B * pages, page_size, KV, D]`` gather target."""
+        shape = (
+            plan.batch * plan.pages_per_seq,
+            geometry.page_size,
+            self.num_kv_heads,
+            self.head_dim,
+        )
+        buffers: dict[str, torch.Tensor] = self.__dict__.setdefault("_gather_buffers", {})
+        needed = shape[0] * shape[1] * shape[2] * shape[3]
+        current = buffers.get(which)
+        if (
+            current is None
+            or current.numel() < needed
+            or current.dtype != geometry.dtype
+            or current.device != geometry.device
+        ):
+            current = torch.empty(needed, dtype=geometry.dtype, device=geometry.device)
+            buffers[which] = current
+        return current[:needed].view(shape)
+
+    def _gather(
+        self, tensor: torch.Tensor, which: str, plan: SdpaPlan, geometry: CacheGeometry
+    ) -> torch.Tensor:
+        gathered = torch.index_select(
+            tensor, 0, plan.pages, out=self._buffer(which, plan, geometry)
+        )
+        tokens = gathered.view(-1, self.num_kv_heads, self.head_dim)
+        if plan.pad_rows is not None:  # past a sequence's end: garbage, maybe NaN
+            tokens.index_fill_(0, plan.pad_rows, 0)
+        batch = tokens.view(plan.batch, -1, self.num_kv_heads, self.head_dim)
+        return batch[:, : plan.max_len].transpose(1, 2)  # [B, KV, L, D]
+
+    def attend(self, query: torch.Tensor, cache: LayerCache, step: PreparedStep) -> torch.Tensor:
         plan: SdpaPlan | None = step.plan
-        out = torch.zeros_like(query)
         if plan is None:
-            return out
-        q = query.index_select(0, plan.query_rows)
-        q = q.view(plan.batch, plan.max_q, self.num_heads, self.head_dim).transpose(1, 2)
+            return torch.zeros_like(query)
+        geometry = self._require_bound()
+        q = query if plan.query_rows is None else query.index_select(0, plan.query_rows)
+        q = q.reshape(plan.batch, plan.max_q, self.num_heads, self.head_dim).transpose(1, 2)
         result = F.scaled_dot_product_attention(
             q,
-            self._gather(cache.key, plan),
-            self._gather(cache.value, plan),
+            self._gather(cache.key, "key", plan, geometry),
+            self._gather(cache.value, "value", plan, geometry),
             attn_mask=plan.mask,
             scale=self.scale,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
         result = result.transpose(1, 2).reshape(-1, self.num_heads, self.head_dim)
+        if plan.out_src is None or plan.out_dst is None:
+            return result.contiguous()
+        out = torch.zeros_like(query)
         return out.index_copy_(0, plan.out_dst, result.index_select(0, plan.out_src))

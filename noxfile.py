@@ -1,0 +1,33 @@
+"""Developer and CI sessions. Every install goes through constraints.txt (CPU torch)."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["tests", "lint", "typecheck"]
+
+CONSTRAINTS = ("-c", "constraints.txt")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The unit tests (CPU)."""
+    session.install(*CONSTRAINTS, "-e", ".[test]")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff lint and format check."""
+    session.install(*CONSTRAINTS, "ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy over the library and the built-in backends."""
+    session.install(*CONSTRAINTS, "-e", ".", "mypy")
+    session.run("mypy")

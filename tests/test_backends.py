@@ -1,0 +1,410 @@
+"""Both built-in backends against the float64 oracle, and each contract rule they enforce."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import replace
+
+import pytest
+import torch
+
+from harness import (
+    CacheBindingError,
+    DPBackendConfig,
+    ForeignPageError,
+    MetadataError,
+    PoolLayout,
+    create_attention_backend,
+)
+from harness.batches import BatchBuilder
+from harness.kv_pages import PagePool, make_layer_caches
+from harness.oracle import SequenceKV
+from harness.scenario import Scenario, check_outputs, make_step_inputs, run_scenario
+
+BACKENDS = ["reference", "sdpa"]
+
+BATCHES = {
+    "decode": ((7, 12, 1, 20), (1, 1, 1, 1)),
+    "prefill": ((5, 12, 3), (5, 12, 3)),
+    "extend": ((9, 16, 11), (4, 5, 2)),
+    "mixed": ((1, 13, 8, 21, 6), (1, 13, 3, 1, 6)),
+}
+
+
+def make(name: str, s: Scenario, **kwargs):
+    return create_attention_backend(
+        name,
+        num_heads=s.num_heads,
+        num_kv_heads=s.num_kv_heads,
+        head_dim=s.head_dim,
+        scale=s.softmax_scale,
+        dp_config=DPBackendConfig(s.dp_size, s.dp_rank),
+        **kwargs,
+    )
+
+
+def assert_matches_oracle(name: str, scenario: Scenario, **kwargs) -> list[torch.Tensor]:
+    inputs, outputs = run_scenario(lambda s: make(name, s, **kwargs), scenario)
+    checks = check_outputs(inputs, outputs)
+    assert len(checks) == scenario.num_layers
+    for layer, check in enumerate(checks):
+        assert check.checked_tokens > 0
+        assert check.passed, f"layer {layer}: {check.describe()}"
+    return outputs
+
+
+def bits(tensor: torch.Tensor) -> torch.Tensor:
+    """Bit patterns, so NaN canaries compare equal to themselves."""
+    as_int = {2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()]
+    return tensor.view(as_int).clone()
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("batch", list(BATCHES))
+@pytest.mark.parametrize(("dp_size", "dp_rank"), [(1, 0), (2, 1), (3, 0), (3, 2), (8, 5)])
+@pytest.mark.parametrize("layout", list(PoolLayout))
+def test_batches_match_oracle_on_every_rank(name, batch, dp_size, dp_rank, layout):
+    contexts, queries = BATCHES[batch]
+    scenario = Scenario(
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=16,
+        page_size=3,
+        total_pages=203,
+        num_layers=3,
+        context_lens=contexts,
+        query_lens=queries,
+        dp_size=dp_size,
+        dp_rank=dp_rank,
+        layout=layout,
+        seed=dp_rank,
+    )
+    assert_matches_oracle(name, scenario)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("batch", ["decode", "mixed"])
+def test_dtypes(name, dtype, batch):
+    contexts, queries = BATCHES[batch]
+    assert_matches_oracle(
+        name, Scenario(dtype=dtype, context_lens=contexts, query_lens=queries, dp_size=2, dp_rank=1)
+    )
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"page_size": 1},
+        {"page_size": 5, "context_lens": (10, 5, 15), "query_lens": (1, 5, 3)},  # page ends
+        {"page_size": 16, "context_lens": (16, 33), "query_lens": (16, 1)},
+        {"num_heads": 8, "num_kv_heads": 1},  # MQA
+        {"num_heads": 3, "num_kv_heads": 3},
+        {"num_heads": 12, "num_kv_heads": 4, "head_dim": 13},  # odd head dim
+        {"scale": 0.77},
+        {"causal": False, "context_lens": (9, 7), "query_lens": (3, 7)},
+        {"shuffle_pages": True, "context_lens": (19, 30), "query_lens": (2, 30)},
+        {"magnitude": 30.0, "scale": 2.0},  # logits in the thousands: stable softmax needed
+    ],
+    ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()),
+)
+def test_geometries(name, changes):
+    assert_matches_oracle(name, replace(Scenario(dp_size=2, dp_rank=0), **changes))
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_graph_mode_padding_rows_write_nothing(name):
+    scenario = Scenario(pad_to=5, dp_size=2, dp_rank=1, context_lens=(6, 3), query_lens=(1, 3))
+    inputs = make_step_inputs(scenario)
+    before = [bits(c.key) for c in inputs.caches]
+    backend = make(name, scenario)
+    backend.bind_kv_caches(inputs.caches)
+    backend.prepare(inputs.step.metadata, graph_mode=True)
+    outputs = [
+        backend.forward(inputs.queries[i], inputs.keys[i], inputs.values[i], i)
+        for i in range(scenario.num_layers)
+    ]
+    assert all(c.passed for c in check_outputs(inputs, outputs))
+    slots = [s for s in inputs.step.metadata.slot_mapping.tolist() if s != -1]
+    assert len(slots) == 4  # only the real rows' tokens
+    for cache, old in zip(inputs.caches, before, strict=True):
+        changed = (bits(cache.key) != old).flatten(0, 1).any(-1).any(-1).nonzero().flatten()
+        assert sorted(changed.tolist()) == sorted(
+            s - cache.page_offset * cache.page_size for s in slots
+        )
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_forward_writes_only_its_slots_in_its_layer(name):
+    scenario = Scenario(dp_size=3, dp_rank=1, layout=PoolLayout.SHARED, num_layers=3)
+    inputs = make_step_inputs(scenario)
+    backend = make(name, scenario)
+    backend.bind_kv_caches(inputs.caches)
+    backend.prepare(inputs.step.metadata)
+    before = [(bits(c.key), bits(c.value)) for c in inputs.caches]
+    backend.forward(inputs.queries[1], inputs.keys[1], inputs.values[1], 1)
+    slots = inputs.step.metadata.slot_mapping.tolist()
+    for layer, (cache, (old_k, old_v)) in enumerate(zip(inputs.caches, before, strict=True)):
+        for new, old in ((cache.key, old_k), (cache.value, old_v)):
+            changed = (bits(new) != old).flatten(0, 1).flatten(1).any(-1)
+            expected = set(slots) if layer == 1 else set()
+            assert set(changed.nonzero().flatten().tolist()) == expected
+    flat = inputs.caches[1].key.flatten(0, 1)
+    assert torch.equal(flat[slots], inputs.keys[1])
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_inputs_unmodified_and_views_accepted(name):
+    scenario = Scenario(num_heads=4, num_kv_heads=2, head_dim=8)
+    inputs = make_step_inputs(scenario)
+    backend = make(name, scenario)
+    backend.bind_kv_caches(inputs.caches)
+    backend.prepare(inputs.step.metadata)
+    metadata_copy = {
+        f.name: getattr(inputs.step.metadata, f.name)
+        for f in dataclasses.fields(inputs.step.metadata)
+    }
+    metadata_copy = {
+        k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in metadata_copy.items()
+    }
+    # non-contiguous views of the same values
+    query = inputs.queries[0].transpose(0, 1).contiguous().transpose(0, 1)
+    key = torch.cat([inputs.keys[0], inputs.keys[0]], dim=-1)[..., :8]
+    value = inputs.values[0].clone()
+    copies = [query.clone(), key.clone(), value.clone()]
+    assert not query.is_contiguous()
+    assert not key.is_contiguous()
+    out = backend.forward(query, key, value, 0)
+    for tensor, copy in zip((query, key, value), copies, strict=True):
+        assert torch.equal(tensor, copy)
+    for field, value in metadata_copy.items():
+        current = getattr(inputs.step.metadata, field)
+        assert torch.equal(current, value) if isinstance(value, torch.Tensor) else current == value
+    assert out.shape == query.shape
+    assert out.dtype == query.dtype
+    assert torch.isfinite(out).all()
+    assert check_outputs(inputs, [out, *inputs.queries[1:]])[0].passed
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_second_run_is_bit_identical(name):
+    scenario = Scenario(context_lens=(17, 4, 9), query_lens=(1, 4, 3))
+    first = run_scenario(lambda s: make(name, s), scenario)[1]
+    second = run_scenario(lambda s: make(name, s), scenario)[1]
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(bits(a), bits(b))
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_validate_false_gives_the_same_output(name):
+    scenario = Scenario(dp_size=2, dp_rank=1, context_lens=(17, 4, 9), query_lens=(1, 4, 3))
+    checked = run_scenario(lambda s: make(name, s), scenario)[1]
+    fast = run_scenario(lambda s: make(name, s, validate=False), scenario)[1]
+    for a, b in zip(checked, fast, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_layouts_agree(name):
+    base = Scenario(dp_size=4, dp_rank=2, context_lens=(11, 3, 7), query_lens=(2, 3, 1))
+    shared = run_scenario(lambda s: make(name, s), base)[1]
+    per_rank = run_scenario(lambda s: make(name, s), replace(base, layout=PoolLayout.PER_RANK))[1]
+    for a, b in zip(shared, per_rank, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_physical_page_order_does_not_matter(name):
+    base = Scenario(context_lens=(11, 23, 7), query_lens=(2, 3, 1), page_size=2)
+    ordered = run_scenario(lambda s: make(name, s), base)[1]
+    shuffled = run_scenario(lambda s: make(name, s), replace(base, shuffle_pages=True))[1]
+    for a, b in zip(ordered, shuffled, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+# -- rejection: foreign pages, bad bindings, bad forward inputs; nothing written ----------
+
+
+def _bound_backend(name: str, scenario: Scenario):
+    inputs = make_step_inputs(scenario)
+    backend = make(name, scenario)
+    backend.bind_kv_caches(inputs.caches)
+    return backend, inputs
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_prepare_rejects_a_foreign_page(name):
+    scenario = Scenario(dp_size=2, dp_rank=1)
+    backend, _ = _bound_backend(name, replace(scenario, dp_rank=0))
+    foreign = make_step_inputs(scenario).step.metadata  # pages of rank 1
+    with pytest.raises(ForeignPageError, match="outside this rank"):
+        backend.prepare(foreign)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_prepare_rejects_a_foreign_page_named_by_table_and_slot(name):
+    scenario = Scenario(
+        dp_size=2, dp_rank=0, total_pages=8, page_size=2, context_lens=(3,), query_lens=(1,)
+    )
+    backend, inputs = _bound_backend(name, scenario)
+    metadata = inputs.step.metadata
+    # Point the in-use page at rank 1 (page 4..7) consistently in table and slot.
+    table = metadata.block_table.clone()
+    table[0, 1] = 5
+    slots = torch.tensor([5 * 2 + 0])
+    bad = replace(metadata, block_table=table, slot_mapping=slots)
+    with pytest.raises(ForeignPageError):
+        backend.prepare(bad)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_rejected_forward_writes_nothing(name):
+    scenario = Scenario()
+    backend, inputs = _bound_backend(name, scenario)
+    backend.prepare(inputs.step.metadata)
+    before = [bits(c.key) for c in inputs.caches]
+    bad_key = inputs.keys[0][:, :1]  # wrong number of KV heads
+    with pytest.raises(ValueError, match="key shape"):
+        backend.forward(inputs.queries[0], bad_key, inputs.values[0], 0)
+    with pytest.raises(ValueError, match="dtype"):
+        backend.forward(inputs.queries[0].half(), inputs.keys[0], inputs.values[0], 0)
+    with pytest.raises(ValueError, match="layer_idx"):
+        backend.forward(inputs.queries[0], inputs.keys[0], inputs.values[0], 7)
+    for cache, old in zip(inputs.caches, before, strict=True):
+        assert torch.equal(bits(cache.key), old)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_rejected_prepare_keeps_no_step(name):
+    scenario = Scenario()
+    backend, inputs = _bound_backend(name, scenario)
+    bad = replace(inputs.step.metadata, max_seq_len=999)
+    with pytest.raises(MetadataError, match="max_seq_len"):
+        backend.prepare(bad)
+    with pytest.raises(RuntimeError, match="before prepare"):
+        backend.forward(inputs.queries[0], inputs.keys[0], inputs.values[0], 0)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_bind_rejects_a_range_outside_the_tensors(name):
+    caches = make_layer_caches(
+        num_layers=1,
+        total_pages=10,
+        page_size=2,
+        num_kv_heads=2,
+        head_dim=16,
+        layout=PoolLayout.PER_RANK,
+        dp_size=2,
+        dp_rank=1,
+    )
+    backend = make(name, Scenario(dp_size=2, dp_rank=0))
+    with pytest.raises(CacheBindingError, match=r"owns pages \[0, 5\)"):
+        backend.bind_kv_caches(caches)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_bind_rejects_mismatched_heads(name):
+    caches = make_layer_caches(
+        num_layers=2, total_pages=10, page_size=2, num_kv_heads=4, head_dim=16
+    )
+    with pytest.raises(CacheBindingError, match="num_kv_heads"):
+        make(name, Scenario()).bind_kv_caches(caches)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_calls_out_of_order_are_errors(name):
+    backend = make(name, Scenario())
+    with pytest.raises(RuntimeError, match="bind_kv_caches"):
+        backend.prepare(make_step_inputs(Scenario()).step.metadata)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"num_heads": 0}, "num_heads"),
+        ({"num_kv_heads": -2}, "num_kv_heads"),
+        ({"head_dim": 2.5}, "head_dim"),
+        ({"num_heads": 6, "num_kv_heads": 4}, "num_heads"),
+        ({"scale": float("nan")}, "scale"),
+        ({"scale": 0.0}, "scale"),
+        ({"scale": float("inf")}, "scale"),
+        ({"dp_size": 0}, "dp_size"),
+        ({"dp_size": 2, "dp_rank": 2}, "dp_rank"),
+    ],
+)
+def test_constructor_rejects_bad_arguments(name, kwargs, field):
+    from harness import get_backend
+
+    args = {"num_heads": 4, "num_kv_heads": 2, "head_dim": 8, "scale": 0.5} | kwargs
+    with pytest.raises(ValueError, match=field):
+        get_backend(name)(**args)
+
+
+# -- several steps on one backend: prefill, extend, decode, with a freed and re-used page --
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("layout", list(PoolLayout))
+def test_consecutive_steps(name, layout):
+    from harness.oracle import naive_attention, oracle_attention
+    from harness.tolerance import compare
+
+    heads, kv_heads, dim, page, total, layers = 4, 2, 8, 3, 24, 2
+    pool = PagePool(total, dp_size=2)
+    builder = BatchBuilder(pool, rank=1, page_size=page)
+    caches = make_layer_caches(
+        num_layers=layers,
+        total_pages=total,
+        page_size=page,
+        num_kv_heads=kv_heads,
+        head_dim=dim,
+        layout=layout,
+        dp_size=2,
+        dp_rank=1,
+    )
+    backend = create_attention_backend(
+        name,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=dim,
+        scale=0.4,
+        dp_config=DPBackendConfig(2, 1),
+    )
+    backend.bind_kv_caches(caches)
+    gen = torch.Generator().manual_seed(0)
+    history: dict[int, list[list[torch.Tensor]]] = {}  # seq -> layer -> [k, v]
+    a, b = builder.admit(), builder.admit()
+    plan = [[(a, 5), (b, 2)], [(a, 1), (b, 4)], [(a, 1), (b, 1)], "release-a", [(b, 1)]]
+    checked_steps = 0
+    for requests in plan:
+        if requests == "release-a":
+            builder.release(a)
+            c = builder.admit()
+            history.pop(a)
+            plan.append([(c, 4), (b, 1)])
+            continue
+        step = builder.step(requests)
+        backend.prepare(step.metadata)
+        for layer in range(layers):
+            new_k, new_v, seqs = [], [], []
+            for seq_id, q_len in requests:
+                k = torch.randn(q_len, kv_heads, dim, generator=gen)
+                v = torch.randn(q_len, kv_heads, dim, generator=gen)
+                hist = history.setdefault(
+                    seq_id, [[torch.empty(0, kv_heads, dim)] * 2 for _ in range(layers)]
+                )
+                hist[layer] = [torch.cat([hist[layer][0], k]), torch.cat([hist[layer][1], v])]
+                new_k.append(k)
+                new_v.append(v)
+                seqs.append(SequenceKV(*hist[layer]))
+            query = torch.randn(step.num_tokens, heads, dim, generator=gen)
+            out = backend.forward(query, torch.cat(new_k), torch.cat(new_v), layer)
+            q_lens = [q for _, q in requests]
+            exact = oracle_attention(query, seqs, q_lens, scale=0.4)
+            naive = naive_attention(query, seqs, q_lens, scale=0.4)
+            result = compare(out, exact, naive, torch.float32)
+            assert result.passed, result.describe()
+        checked_steps += 1
+    assert checked_steps == 5

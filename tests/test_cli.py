@@ -1,0 +1,317 @@
+"""The ``attn-harness`` command line, run in-process (``harness.cli.main``) and once as a module."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import harness.registry as registry
+from harness.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
+from harness.registry import BackendRegistry
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FILE_BACKEND = FIXTURES / "file_backend.py"
+CLI_BACKENDS = FIXTURES / "cli_backends.py"
+SPEC_MODULE_PREFIX = "_attn_harness_spec_"
+
+
+def _spec(cls_name: str, path: Path = CLI_BACKENDS) -> str:
+    return f"{path}:{cls_name}"
+
+
+def _set_entry_points(monkeypatch: pytest.MonkeyPatch, *eps: object) -> None:
+    def fake(*, group: str) -> list[object]:
+        return list(eps) if group == registry.ENTRY_POINT_GROUP else []
+
+    monkeypatch.setattr(registry, "entry_points", fake)
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch: pytest.MonkeyPatch):
+    """A fresh default registry without real entry points; no spec modules left behind."""
+    _set_entry_points(monkeypatch)
+    monkeypatch.setattr(registry, "_DEFAULT", BackendRegistry())
+    before = {m for m in sys.modules if m.startswith(SPEC_MODULE_PREFIX)}
+    yield
+    for name in [m for m in sys.modules if m.startswith(SPEC_MODULE_PREFIX)]:
+        if name not in before:
+            del sys.modules[name]
+
+
+def _rows(out: str) -> dict[str, list[str]]:
+    """Table rows of ``list``/``check`` output keyed by their first column."""
+    lines = [line for line in out.splitlines() if line.strip()]
+    rows = {}
+    for line in lines:
+        cells = line.split()
+        if cells and not set(cells[0]) <= {"-"}:
+            rows[cells[0]] = cells
+    return rows
+
+
+# -- usage -------------------------------------------------------------------------
+
+
+def test_no_subcommand_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main([])
+    assert info.value.code == 2
+    assert "usage:" in capsys.readouterr().err
+
+
+def test_unknown_option_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["list", "--no-such-option"])
+    assert info.value.code == 2
+    assert "--no-such-option" in capsys.readouterr().err
+
+
+# -- list ---------------------------------------------------------------------------
+
+
+def test_list_shows_builtins_with_origin_and_dp(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list"]) == EXIT_OK
+    out = capsys.readouterr().out
+    rows = _rows(out)
+    assert rows["name"][:3] == ["name", "origin", "dp-aware"]
+    for name in ("reference", "sdpa"):
+        assert rows[name][1] == "built-in"
+        assert rows[name][2] == "yes"
+        assert "float32,float16,bfloat16" in rows[name]
+    assert out.index("reference") < out.index("sdpa")
+
+
+def test_list_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list", "--json"]) == EXIT_OK
+    data = json.loads(capsys.readouterr().out)
+    by_name = {b["name"]: b for b in data["backends"]}
+    assert set(by_name) == {"reference", "sdpa"}
+    for entry in by_name.values():
+        assert {"name", "origin", "dp_aware", "dtypes"} <= set(entry)
+        assert entry["origin"] == "built-in"
+        assert entry["dp_aware"] is True
+        assert entry["dtypes"] == ["float32", "float16", "bfloat16"]
+    assert data["load_errors"] == {}
+
+
+def test_list_file_spec_has_spec_origin(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = _spec("FileBackend", FILE_BACKEND)
+    assert main(["list", "--json", "--backend", spec]) == EXIT_OK
+    (entry,) = json.loads(capsys.readouterr().out)["backends"]
+    assert entry["name"] == spec
+    assert entry["origin"] == "spec"
+    assert entry["dtypes"] == ["float32"]
+    assert entry["class"].endswith(".FileBackend")
+
+
+def test_list_relative_file_spec_table(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO_ROOT)
+    spec = "tests/fixtures/file_backend.py:FileBackend"
+    assert main(["list", "--backend", spec, "--backend", "sdpa"]) == EXIT_OK
+    rows = _rows(capsys.readouterr().out)
+    assert rows[spec][1:3] == ["spec", "yes"]
+    assert rows["sdpa"][1] == "built-in"
+    assert "reference" not in rows
+
+
+def test_list_non_dp_backend_says_no(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = _spec("NonDPBackend")
+    assert main(["list", "--backend", spec]) == EXIT_OK
+    assert _rows(capsys.readouterr().out)[spec][1:3] == ["spec", "no"]
+
+
+@pytest.mark.parametrize("command", ["list", "check"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "no_such_module_xyz:Backend",
+        str(FIXTURES / "no_such_file.py") + ":Backend",
+        str(FIXTURES / "broken_backend.py") + ":Backend",
+        _spec("NotABackend", FILE_BACKEND),
+        _spec("NOT_A_CLASS", FILE_BACKEND),
+        _spec("NoSuchClass", FILE_BACKEND),
+        "reference_backends.reference:",
+    ],
+    ids=["module", "file", "raises", "protocol", "not-class", "attr", "empty-class"],
+)
+def test_bad_spec_is_a_clean_usage_error(
+    command: str, spec: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([command, "--backend", spec]) == EXIT_USAGE
+    captured = capsys.readouterr()
+    assert captured.err.startswith("attn-harness: error: ")
+    assert spec in captured.err
+    assert "Traceback" not in captured.err
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize("command", ["list", "check"])
+def test_unknown_name_lists_available(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([command, "--backend", "nope"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("attn-harness: error: ")
+    assert "'nope'" in err
+    assert "Available: reference, sdpa" in err
+    assert "Traceback" not in err
+
+
+def test_list_reports_entry_point_load_errors(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Broken:
+        name = "broken-ep"
+        dist = SimpleNamespace(name="broken-dist")
+
+        def load(self) -> type:
+            raise ImportError("plugin boom")
+
+    _set_entry_points(monkeypatch, Broken())
+    monkeypatch.setattr(registry, "_DEFAULT", BackendRegistry())
+    with pytest.warns(UserWarning, match="plugin boom"):
+        assert main(["list"]) == EXIT_OK
+    captured = capsys.readouterr()
+    assert "sdpa" in _rows(captured.out)
+    assert "warning: entry point 'broken-ep' not loaded: ImportError: plugin boom" in captured.err
+
+
+# -- check ---------------------------------------------------------------------------
+
+
+def test_check_sdpa_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--backend", "sdpa"]) == EXIT_OK
+    out = capsys.readouterr().out
+    row = _rows(out)["sdpa"]
+    assert row[1:5] == ["72", "0", "0", "0"]
+    assert out.rstrip().endswith("quick check: all cases match the float64 oracle")
+    assert "FAILED" not in out
+
+
+def test_check_file_spec_verbose_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = _spec("FileBackend", FILE_BACKEND)
+    assert main(["check", "-v", "--backend", spec]) == EXIT_OK
+    out = capsys.readouterr().out
+    case_lines = [line for line in out.splitlines() if f" {spec}: " in line]
+    assert len(case_lines) == 24  # 4 batches x 6 (dp_size, dp_rank) pairs, float32 only
+    assert all(line.startswith("PASSED") for line in case_lines)
+    assert "all cases match" in out
+
+
+@pytest.mark.parametrize("cls_name", ["ScaledOutputBackend", "NoCausalMaskBackend"])
+def test_check_wrong_backend_fails(cls_name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = _spec(cls_name)
+    assert main(["check", "--backend", spec]) == EXIT_FAILED
+    out = capsys.readouterr().out
+    failed = [line for line in out.splitlines() if line.startswith("FAILED ")]
+    assert failed
+    assert all(f" {spec}: " in line for line in failed)
+    assert out.rstrip().endswith("quick check: FAILED")
+    assert int(_rows(out)[spec][2]) == len(failed)
+
+
+def test_check_no_causal_mask_passes_decode_only(capsys: pytest.CaptureFixture[str]) -> None:
+    """Decode has one query token at the end: no mask needed, so only multi-token batches fail."""
+    assert main(["check", "-v", "--backend", _spec("NoCausalMaskBackend")]) == EXIT_FAILED
+    lines = [line for line in capsys.readouterr().out.splitlines() if ": decode " in line]
+    assert lines
+    assert all(line.startswith("PASSED") for line in lines)
+
+
+def test_check_crashing_constructor_reports_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = _spec("CrashingBackend")
+    assert main(["check", "--backend", spec]) == EXIT_FAILED
+    captured = capsys.readouterr()
+    errors = [line for line in captured.out.splitlines() if line.startswith("ERROR ")]
+    assert len(errors) == 24
+    assert all("RuntimeError: CrashingBackend refuses to be constructed" in e for e in errors)
+    assert "Traceback" not in captured.out + captured.err
+    assert _rows(captured.out)[spec][1:4] == ["0", "0", "24"]
+    assert "quick check: FAILED" in captured.out
+
+
+def test_check_non_dp_backend_is_unsupported_beyond_dp1(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    spec = _spec("NonDPBackend")
+    assert main(["check", "-v", "--backend", spec]) == EXIT_OK
+    out = capsys.readouterr().out
+    case_lines = [line for line in out.splitlines() if f" {spec}: " in line]
+    assert len(case_lines) == 24
+    for line in case_lines:
+        if " dp=0/1 " in line:
+            assert line.startswith("PASSED"), line
+        else:
+            assert line.startswith("UNSUPPORTED"), line
+            assert line.endswith("not DP-aware")
+    assert _rows(out)[spec][1:5] == ["4", "0", "0", "20"]
+    assert "all cases match" in out
+
+
+def test_check_several_backends_fails_if_any_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    good = _spec("FileBackend", FILE_BACKEND)
+    bad = _spec("ScaledOutputBackend")
+    assert main(["check", "--backend", good, "--backend", bad]) == EXIT_FAILED
+    rows = _rows(capsys.readouterr().out)
+    assert rows[good][2] == "0"
+    assert int(rows[bad][2]) > 0
+
+
+# -- a bad capabilities() must not crash the CLI -------------------------------------
+
+
+@pytest.mark.parametrize("command", ["list", "check"])
+def test_bad_capabilities_spec_is_a_clean_error(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = _spec("BadCapabilitiesBackend")
+    rc = main([command, "--backend", spec])
+    err = capsys.readouterr().err
+    assert rc == EXIT_USAGE
+    assert "error" in err.lower()
+    assert "capabilities" in err
+
+
+def test_entry_point_with_bad_capabilities_does_not_break_list(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from harness.registry import load_backend_spec
+
+    module = sys.modules[load_backend_spec(_spec("ScaledOutputBackend")).__module__]
+    bad_cls = module.BadCapabilitiesBackend
+    entry_point = SimpleNamespace(
+        name="badcaps", dist=SimpleNamespace(name="badcaps-dist"), load=lambda: bad_cls
+    )
+    _set_entry_points(monkeypatch, entry_point)
+    monkeypatch.setattr(registry, "_DEFAULT", BackendRegistry())
+    with pytest.warns(UserWarning, match="badcaps"):
+        assert main(["list"]) == EXIT_OK
+    captured = capsys.readouterr()
+    rows = _rows(captured.out)
+    assert {"reference", "sdpa"} <= set(rows)
+    assert "badcaps" not in rows
+    assert "capabilities" in captured.err
+
+
+# -- as a module --------------------------------------------------------------------
+
+
+def test_python_m_harness_list_runs() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "harness", "list"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = _rows(result.stdout)
+    assert rows["reference"][1] == "built-in"
+    assert rows["sdpa"][1] == "built-in"

@@ -1,0 +1,179 @@
+"""The float64 oracle and the dtype tolerance: checked against independent computations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from harness.oracle import SequenceKV, naive_attention, oracle_attention
+from harness.tolerance import compare, error_bound, unit_roundoff
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _seq(length: int, kv_heads: int, dim: int, seed: int, dtype=torch.float64) -> SequenceKV:
+    gen = torch.Generator().manual_seed(seed)
+    shape = (length, kv_heads, dim)
+    return SequenceKV(
+        torch.randn(shape, generator=gen).to(dtype), torch.randn(shape, generator=gen).to(dtype)
+    )
+
+
+def test_hand_computed_single_query():
+    seq = SequenceKV(torch.tensor([[[0.0]], [[1.0]]]), torch.tensor([[[1.0]], [[3.0]]]))
+    out = oracle_attention(torch.tensor([[[1.0]]]), [seq], [1], scale=1.0).output
+    expected = (1.0 + math.e * 3.0) / (1.0 + math.e)
+    assert out.item() == pytest.approx(expected, rel=1e-15)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (8, 2), (6, 1)])
+def test_prefill_matches_sdpa_in_float64(heads, kv_heads):
+    seq = _seq(11, kv_heads, 8, seed=1)
+    query = torch.randn(11, heads, 8, dtype=torch.float64)
+    out = oracle_attention(query, [seq], [11], scale=0.3, causal=True).output
+    expected = F.scaled_dot_product_attention(
+        query.transpose(0, 1),
+        seq.key.transpose(0, 1),
+        seq.value.transpose(0, 1),
+        is_causal=True,
+        scale=0.3,
+        enable_gqa=True,
+    ).transpose(0, 1)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_extend_is_bottom_right_causal():
+    """Query j of an extend step sits at position L - q + j and sees keys 0..L-q+j."""
+    seq = _seq(10, 1, 4, seed=2)
+    query = torch.randn(3, 1, 4, dtype=torch.float64)
+    out = oracle_attention(query, [seq], [3], scale=0.5, causal=True).output
+    for j in range(3):
+        visible = 10 - 3 + j + 1
+        alone = oracle_attention(
+            query[j : j + 1], [SequenceKV(seq.key[:visible], seq.value[:visible])], [1], scale=0.5
+        ).output
+        torch.testing.assert_close(out[j], alone[0], rtol=0, atol=1e-14)
+
+
+def test_non_causal_sees_every_key():
+    seq = _seq(6, 2, 4, seed=3)
+    query = torch.randn(2, 2, 4, dtype=torch.float64)
+    out = oracle_attention(query, [seq], [2], scale=0.5, causal=False).output
+    for j in range(2):
+        alone = oracle_attention(query[j : j + 1], [seq], [1], scale=0.5).output
+        torch.testing.assert_close(out[j], alone[0], rtol=0, atol=1e-14)
+
+
+def test_padding_rows_are_not_checked_and_ragged_rows_are_independent():
+    a, b = _seq(5, 1, 4, seed=4), _seq(3, 1, 4, seed=5)
+    query = torch.randn(4, 1, 4, dtype=torch.float64)
+    result = oracle_attention(query, [a, None, b], [2, 1, 1], scale=1.0)
+    assert result.checked.tolist() == [True, True, False, True]
+    alone = oracle_attention(query[3:], [b], [1], scale=1.0).output
+    torch.testing.assert_close(result.output[3], alone[0], rtol=0, atol=0)
+
+
+def test_large_logits_stay_finite():
+    seq = _seq(8, 1, 4, seed=6)
+    query = torch.full((1, 1, 4), 1e4, dtype=torch.float64)
+    result = oracle_attention(query, [seq], [1], scale=10.0)
+    assert torch.isfinite(result.output).all()
+    assert result.logit_scale.item() > 1e4
+
+
+def test_error_scales():
+    key = torch.tensor([[[1.0, -2.0]], [[3.0, 0.5]]])
+    value = torch.tensor([[[3.0, 4.0]], [[0.0, 1.0]]])
+    query = torch.tensor([[[1.0, 1.0]], [[2.0, -1.0]]])
+    result = oracle_attention(query, [SequenceKV(key, value)], [2], scale=0.5)
+    # token 0 (position 0) sees key 0 only; token 1 sees both.
+    assert result.value_scale[:, 0].tolist() == [5.0, 5.0]
+    assert result.logit_scale[:, 0].tolist() == [0.5 * 3.0, 0.5 * max(4.0, 6.5)]
+
+
+def test_query_lens_must_cover_query():
+    with pytest.raises(ValueError, match="query_lens sum"):
+        oracle_attention(torch.ones(3, 1, 2), [_seq(3, 1, 2, 0)], [2], scale=1.0)
+
+
+def _case(dtype: torch.dtype, seed: int = 0):
+    seqs = [_seq(9, 2, 16, seed, dtype), _seq(4, 2, 16, seed + 1, dtype)]
+    query = torch.randn(5, 4, 16, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    args = (query, seqs, [3, 2])
+    return oracle_attention(*args, scale=0.25), naive_attention(*args, scale=0.25)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_naive_output_passes(dtype):
+    exact, naive = _case(dtype)
+    assert compare(naive, exact, naive, dtype).passed
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rounded_exact_output_passes(dtype):
+    exact, naive = _case(dtype, seed=3)
+    result = compare(exact.output.to(dtype), exact, naive, dtype)
+    assert result.passed
+    assert result.worst_ratio < 1.0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_perturbation_beyond_bound_fails_and_is_located(dtype):
+    exact, naive = _case(dtype, seed=4)
+    bad = exact.output.clone()
+    bound = error_bound(exact, (naive.double() - exact.output).norm(dim=-1), dtype)
+    bad[2, 1, 0] += 3 * float(bound[2, 1])
+    result = compare(bad, exact, naive, dtype)
+    assert not result.passed
+    assert (result.worst_token, result.worst_head) == (2, 1)
+    assert "EXCEEDS" in result.describe()
+
+
+def test_nan_output_fails():
+    exact, naive = _case(torch.float32)
+    bad = exact.output.float().clone()
+    bad[4, 3, 7] = float("nan")
+    result = compare(bad, exact, naive, torch.float32)
+    assert not result.passed
+    assert result.nonfinite == 1
+    assert (result.worst_token, result.worst_head) == (4, 3)
+
+
+def test_wrong_shape_is_an_error():
+    exact, naive = _case(torch.float32)
+    with pytest.raises(ValueError, match="shape"):
+        compare(exact.output[:, :2], exact, naive, torch.float32)
+
+
+def test_nothing_checked_is_not_a_pass():
+    query = torch.randn(2, 1, 4)
+    exact = oracle_attention(query, [None], [2], scale=1.0)
+    naive = naive_attention(query, [None], [2], scale=1.0)
+    result = compare(query, exact, naive, torch.float32)
+    assert not result.passed
+    assert result.checked_tokens == 0
+
+
+def test_bound_widens_with_lower_precision():
+    assert (
+        unit_roundoff(torch.float32) < unit_roundoff(torch.float16) < unit_roundoff(torch.bfloat16)
+    )
+    bounds = []
+    for dtype in DTYPES:
+        exact, _ = _case(torch.float32, seed=7)
+        bounds.append(error_bound(exact, torch.zeros(5, 4, dtype=torch.float64), dtype))
+    assert (bounds[0] < bounds[1]).all()
+    assert (bounds[1] < bounds[2]).all()
+
+
+def test_float32_bound_is_tight_enough_to_see_one_wrong_key():
+    """Dropping one key of 64 moves the output far beyond the fp32 bound."""
+    seq = _seq(64, 1, 16, seed=8, dtype=torch.float32)
+    query = torch.randn(1, 1, 16)
+    exact = oracle_attention(query, [seq], [1], scale=0.25)
+    naive = naive_attention(query, [seq], [1], scale=0.25)
+    dropped = naive_attention(query, [SequenceKV(seq.key[:-1], seq.value[:-1])], [1], scale=0.25)
+    assert not compare(dropped, exact, naive, torch.float32).passed
