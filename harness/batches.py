@@ -107,6 +107,8 @@ class BatchBuilder:
         """
         if len({seq_id for seq_id, _ in requests}) != len(requests):
             raise ValueError("a sequence appears twice in one step")
+        if pad_to is not None and pad_to < len(requests):
+            raise ValueError(f"pad_to {pad_to} is smaller than the batch ({len(requests)} rows)")
         needs = []
         for seq_id, query_len in requests:
             if query_len < 1:
@@ -123,8 +125,6 @@ class BatchBuilder:
             state.cached_len += query_len
             rows.append(StepRow(seq_id, state.cached_len, query_len, tuple(state.pages)))
         padding = 0 if pad_to is None else pad_to - len(rows)
-        if padding < 0:
-            raise ValueError(f"pad_to {pad_to} is smaller than the batch ({len(rows)} rows)")
         rows.extend(StepRow(None, 0, pad_query_len, ()) for _ in range(padding))
         return Step(build_metadata(rows, self.page_size, causal=causal, device=device), tuple(rows))
 

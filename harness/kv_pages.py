@@ -66,6 +66,7 @@ class PagePool:
     def __init__(
         self, total_pages: int, dp_size: int = 1, *, shuffle_seed: int | None = None
     ) -> None:
+        dp_page_range(total_pages, dp_size, 0)  # validates all three arguments
         self.total_pages = total_pages
         self.dp_size = dp_size
         self.ranges = [dp_page_range(total_pages, dp_size, r) for r in range(dp_size)]
@@ -103,18 +104,25 @@ class PagePool:
         return pages
 
     def retain(self, pages: Iterable[int]) -> None:
-        """Add a holder to pages already allocated (prefix sharing)."""
+        """Add a holder to pages already allocated (prefix sharing); all or nothing."""
+        pages = list(pages)
         for page in pages:
             if page not in self._refs:
                 raise ValueError(f"page {page} is not allocated")
+        for page in pages:
             self._refs[page] += 1
 
     def free(self, pages: Iterable[int]) -> None:
-        """Drop one holder of each page; a page with none left is free again."""
+        """Drop one holder of each page; a page with none left is free again. All or nothing."""
+        pages = list(pages)
+        drops: dict[int, int] = {}
         for page in pages:
-            refs = self._refs.get(page)
-            if refs is None:
+            drops[page] = drops.get(page, 0) + 1
+        for page, count in drops.items():
+            if self._refs.get(page, 0) < count:
                 raise ValueError(f"page {page} is not allocated (double free?)")
+        for page in pages:
+            refs = self._refs[page]
             if refs > 1:
                 self._refs[page] = refs - 1
                 continue
@@ -132,8 +140,8 @@ class PagePool:
         return self._refs.get(page, 0)
 
     def _check_rank(self, rank: int) -> None:
-        if not 0 <= rank < self.dp_size:
-            raise ValueError(f"rank must be in [0, {self.dp_size}), got {rank}")
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.dp_size:
+            raise ValueError(f"rank must be an int in [0, {self.dp_size}), got {rank!r}")
 
 
 def make_layer_caches(

@@ -3,6 +3,10 @@
 The metadata constructor does not validate (DESIGN.md §2.3); these functions
 do, once per step, and hand back host-side lists so a backend need not read
 the device tensors again. Every error names the field and the value.
+
+Block-table entries past a row's in-use prefix (and every entry of a padded
+row) are only checked to be >= -1: engines reuse block-table buffers and
+leave stale ids there, and no backend may read them.
 """
 
 from __future__ import annotations
@@ -45,12 +49,11 @@ def validate_backend_args(
         raise ValueError(
             f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
         )
-    if (
-        isinstance(scale, bool)
-        or not isinstance(scale, (int, float))
-        or not math.isfinite(scale)
-        or scale <= 0
-    ):
+    try:
+        finite = not isinstance(scale, bool) and math.isfinite(scale)  # type: ignore[arg-type]
+    except (TypeError, OverflowError):  # a str, or an int beyond float range
+        finite = False
+    if not finite or scale <= 0:  # type: ignore[operator]
         raise ValueError(f"scale must be a finite positive float, got {scale!r}")
     validate_dp_config(dp_size, dp_rank)
 
@@ -283,9 +286,11 @@ def validate_metadata(
                 graph_mode,
             )
         )
-    written = [s for s in slots if s != -1]
-    if len(set(written)) != len(written):
-        raise MetadataError("slot_mapping", "two tokens write the same slot")
+    seen: set[int] = set()
+    for token, slot in enumerate(slots):
+        if slot != -1 and slot in seen:
+            raise MetadataError("slot_mapping", f"slot {slot} is written twice (token {token})")
+        seen.add(slot)
     return CheckedMetadata(starts, seq_lens, pages_in_use, slots, metadata.causal)
 
 
@@ -302,9 +307,9 @@ def _check_row(
     if length < 0:
         raise MetadataError("seq_lens", f"row {row} is negative: {length}")
     if any(s < -1 for s in row_slots):
-        raise MetadataError("slot_mapping", f"row {row} has a slot below -1")
+        raise MetadataError("slot_mapping", f"row {row} has slot {min(row_slots)} < -1")
     if any(p < -1 for p in table_row):
-        raise MetadataError("block_table", f"row {row} has an entry below -1")
+        raise MetadataError("block_table", f"row {row} has entry {min(table_row)} < -1")
     if length == 0:
         if q_len and not graph_mode:
             raise MetadataError(
@@ -313,7 +318,8 @@ def _check_row(
                 "padded rows are allowed only with graph_mode=True",
             )
         if any(s != -1 for s in row_slots):
-            raise MetadataError("slot_mapping", f"padded row {row} must have slots of -1")
+            bad = next(s for s in row_slots if s != -1)
+            raise MetadataError("slot_mapping", f"padded row {row} writes slot {bad}; must be -1")
         return []
     if length < q_len:
         raise MetadataError(
@@ -334,7 +340,8 @@ def _check_row(
                 f"[0, {total_pages if total_pages is not None else 'inf'})",
             )
     if len(set(pages)) != len(pages):
-        raise MetadataError("block_table", f"row {row} uses a page twice")
+        twice = next(p for p in pages if pages.count(p) > 1)
+        raise MetadataError("block_table", f"row {row} uses page {twice} twice")
     for j, slot in enumerate(row_slots):
         pos = length - q_len + j
         expect = pages[pos // page_size] * page_size + pos % page_size
