@@ -24,7 +24,11 @@ from harness.tolerance import Comparison, compare
 
 @dataclass(frozen=True, kw_only=True)
 class Scenario:
-    """A single step for one DP rank; ``context_lens[i]`` includes ``query_lens[i]``."""
+    """A single step for one DP rank; ``context_lens[i]`` includes ``query_lens[i]``.
+
+    ``shared_prefix`` > 0 makes every sequence after the first share the first
+    sequence's whole pages covering that many tokens (a prefix cache hit).
+    """
 
     num_heads: int = 4
     num_kv_heads: int = 2
@@ -41,7 +45,10 @@ class Scenario:
     dp_rank: int = 0
     layout: PoolLayout = PoolLayout.SHARED
     pad_to: int | None = None  # graph-mode padding rows up to this batch size
+    pad_query_len: int = 1
     shuffle_pages: bool = False
+    shared_prefix: int = 0
+    noncontiguous: bool = False  # hand forward strided views instead of dense tensors
     magnitude: float = 1.0  # scales q and k: large values give large logits
     seed: int = 0
     device: str = "cpu"
@@ -53,6 +60,37 @@ class Scenario:
     @property
     def graph_mode(self) -> bool:
         return self.pad_to is not None
+
+    @property
+    def shared_pages(self) -> int:
+        """Whole pages of the first sequence that the others share."""
+        return self.shared_prefix // self.page_size
+
+    def describe(self) -> str:
+        """A one-line summary for failure reports."""
+        rows = ", ".join(
+            f"{q}/{c}" for c, q in zip(self.context_lens, self.query_lens, strict=True)
+        )
+        extras = [
+            name
+            for name, on in (
+                ("graph", self.graph_mode),
+                ("non-causal", not self.causal),
+                ("shuffled", self.shuffle_pages),
+                ("strided", self.noncontiguous),
+            )
+            if on
+        ]
+        if self.shared_prefix:
+            extras.append(f"shared_prefix={self.shared_prefix}")
+        return (
+            f"dp {self.dp_rank}/{self.dp_size} {self.layout.value}, "
+            f"{str(self.dtype).removeprefix('torch.')}, H={self.num_heads} "
+            f"KV={self.num_kv_heads} D={self.head_dim} page={self.page_size} "
+            f"pages={self.total_pages} layers={self.num_layers} scale="
+            f"{self.softmax_scale:.4g} magnitude={self.magnitude}, rows (q/L) [{rows}]"
+            + (f", {' '.join(extras)}" if extras else "")
+        )
 
 
 @dataclass
@@ -67,6 +105,25 @@ class StepInputs:
     values: list[torch.Tensor]
     sequences: list[list[SequenceKV | None]] = field(default_factory=list)  # per layer, per row
 
+    def forward_args(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``forward``'s query/key/value for ``layer``: strided views if the scenario says so."""
+        tensors = (self.queries[layer], self.keys[layer], self.values[layer])
+        if not self.scenario.noncontiguous:
+            return tensors
+        q, k, v = (strided_copy(t) for t in tensors)
+        return q, k, v
+
+
+def strided_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """The same values as a non-contiguous view (every other element of a wider buffer)."""
+    wide = torch.empty(
+        *tensor.shape[:-1], 2 * tensor.shape[-1], dtype=tensor.dtype, device=tensor.device
+    )
+    view = wide[..., ::2]
+    view.copy_(tensor)
+    wide[..., 1::2] = float("nan")  # what a backend reading past the view would see
+    return view
+
 
 def _random(
     gen: torch.Generator, shape: tuple[int, ...], scenario: Scenario, magnitude: float = 1.0
@@ -75,49 +132,78 @@ def _random(
     return data.to(device=scenario.device, dtype=scenario.dtype)
 
 
-def make_step_inputs(scenario: Scenario) -> StepInputs:
-    """Deterministic caches, inputs and metadata for ``scenario`` (never zeros)."""
-    s = scenario
-    if len(s.context_lens) != len(s.query_lens):
-        raise ValueError("context_lens and query_lens differ in length")
-    pool = PagePool(s.total_pages, s.dp_size, shuffle_seed=s.seed if s.shuffle_pages else None)
+def _build_step(s: Scenario, pool: PagePool) -> Step:
+    """Allocate the history (earlier steps) and return this step's metadata."""
     builder = BatchBuilder(pool, s.dp_rank, s.page_size)
-    ids = [builder.admit() for _ in s.context_lens]
-    history = [
-        (i, ctx - q) for i, ctx, q in zip(ids, s.context_lens, s.query_lens, strict=True) if ctx > q
-    ]
+    ids = [builder.admit()]
+    history = [(ids[0], s.context_lens[0] - s.query_lens[0])]
+    if s.shared_prefix:
+        builder.step([r for r in history if r[1] > 0])
+        history = []
+        ids += [builder.fork(ids[0], s.shared_prefix) for _ in s.context_lens[1:]]
+    else:
+        ids += [builder.admit() for _ in s.context_lens[1:]]
+    for seq_id, ctx, q in zip(ids[1:], s.context_lens[1:], s.query_lens[1:], strict=True):
+        history.append((seq_id, ctx - q - builder.sequences[seq_id].cached_len))
+    if any(n < 0 for _, n in history):
+        raise ValueError("a sequence's cached tokens are fewer than the shared prefix")
+    history = [r for r in history if r[1] > 0]
     if history:
         builder.step(history)
-    step = builder.step(
-        list(zip(ids, s.query_lens, strict=True)), causal=s.causal, pad_to=s.pad_to, device=s.device
-    )
-    caches = make_layer_caches(
-        num_layers=s.num_layers,
-        total_pages=s.total_pages,
-        page_size=s.page_size,
-        num_kv_heads=s.num_kv_heads,
-        head_dim=s.head_dim,
-        dtype=s.dtype,
+    return builder.step(
+        list(zip(ids, s.query_lens, strict=True)),
+        causal=s.causal,
+        pad_to=s.pad_to,
+        pad_query_len=s.pad_query_len,
         device=s.device,
-        layout=s.layout,
-        dp_size=s.dp_size,
-        dp_rank=s.dp_rank,
     )
+
+
+def make_step_inputs(
+    scenario: Scenario, *, pool: PagePool | None = None, caches: list[LayerCache] | None = None
+) -> StepInputs:
+    """Deterministic caches, inputs and metadata for ``scenario`` (never zeros).
+
+    Pass ``pool`` and ``caches`` to place several ranks' steps in one shared
+    pool; by default the scenario gets a pool and caches of its own.
+    """
+    s = scenario
+    if len(s.context_lens) != len(s.query_lens) or not s.context_lens:
+        raise ValueError("context_lens and query_lens must be non-empty and of equal length")
+    if pool is None:
+        pool = PagePool(s.total_pages, s.dp_size, shuffle_seed=s.seed if s.shuffle_pages else None)
+    step = _build_step(s, pool)
+    if caches is None:
+        caches = make_layer_caches(
+            num_layers=s.num_layers,
+            total_pages=s.total_pages,
+            page_size=s.page_size,
+            num_kv_heads=s.num_kv_heads,
+            head_dim=s.head_dim,
+            dtype=s.dtype,
+            device=s.device,
+            layout=s.layout,
+            dp_size=s.dp_size,
+            dp_rank=s.dp_rank,
+        )
     gen = torch.Generator().manual_seed(s.seed)
     inputs = StepInputs(s, step, caches, [], [], [])
+    shared_tokens = s.shared_pages * s.page_size
     for cache in caches:
         rows: list[SequenceKV | None] = []
         new_k, new_v = [], []
-        for row in step.rows:
-            k = _random(
-                gen, (max(row.seq_len, row.query_len), s.num_kv_heads, s.head_dim), s, s.magnitude
-            )
-            v = _random(gen, tuple(k.shape), s)
+        for index, row in enumerate(step.rows):
+            shape = (max(row.seq_len, row.query_len), s.num_kv_heads, s.head_dim)
+            k, v = _random(gen, shape, s, s.magnitude), _random(gen, shape, s)
             if row.seq_id is None:  # padding: inputs that must not be written
                 rows.append(None)
                 new_k.append(k[: row.query_len])
                 new_v.append(v[: row.query_len])
                 continue
+            first = rows[0] if rows else None
+            if index > 0 and shared_tokens and first is not None:  # the shared pages' tokens
+                k[:shared_tokens] = first.key[:shared_tokens]
+                v[:shared_tokens] = first.value[:shared_tokens]
             cached = row.seq_len - row.query_len
             if cached:
                 slots = torch.tensor(token_slots(row.pages, range(cached), s.page_size))
@@ -159,7 +245,6 @@ def run_scenario(
     backend.bind_kv_caches(inputs.caches)
     backend.prepare(inputs.step.metadata, graph_mode=scenario.graph_mode)
     outputs = [
-        backend.forward(inputs.queries[layer], inputs.keys[layer], inputs.values[layer], layer)
-        for layer in range(scenario.num_layers)
+        backend.forward(*inputs.forward_args(layer), layer) for layer in range(scenario.num_layers)
     ]
     return inputs, outputs

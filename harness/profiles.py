@@ -1,0 +1,64 @@
+"""Conformance profiles: how many examples, how large, and where failures are remembered.
+
+* ``ci`` — derandomized (the same examples every run, so a failure replays
+  by rerunning), bounded, no deadline, no example database.
+* ``thorough`` — random, ten times the examples, larger shapes; failing
+  examples are saved outside the repository and replayed first next time.
+* ``kill`` — ``ci`` without shrinking: for mutation testing, where only
+  "was it caught" matters and a minimal example is not needed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+from harness.strategies import CI_BUDGET, THOROUGH_BUDGET, Budget
+
+PROFILE_NAMES = ("ci", "thorough", "kill")
+_SLOW_CHECKS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    settings: settings
+    budget: Budget
+    stateful_steps: int
+
+
+def example_database_dir() -> Path:
+    """Outside any repository: ``$ATTN_HARNESS_CACHE`` or ``~/.cache/attn-harness``."""
+    root = os.environ.get("ATTN_HARNESS_CACHE") or Path.home() / ".cache" / "attn-harness"
+    return Path(root) / "hypothesis"
+
+
+def get_profile(name: str) -> Profile:
+    if name not in PROFILE_NAMES:
+        raise ValueError(
+            f"unknown conformance profile {name!r}; choose from {', '.join(PROFILE_NAMES)}"
+        )
+    common = {"deadline": None, "print_blob": True, "suppress_health_check": _SLOW_CHECKS}
+    if name == "thorough":
+        return Profile(
+            name,
+            settings(
+                max_examples=200,
+                derandomize=False,
+                database=DirectoryBasedExampleDatabase(str(example_database_dir())),
+                **common,
+            ),
+            THOROUGH_BUDGET,
+            stateful_steps=40,
+        )
+    phases = tuple(p for p in Phase if p is not Phase.shrink) if name == "kill" else tuple(Phase)
+    return Profile(
+        name,
+        settings(max_examples=20, derandomize=True, database=None, phases=phases, **common),
+        CI_BUDGET,
+        stateful_steps=12,
+    )

@@ -1,0 +1,455 @@
+"""The conformance properties of DESIGN.md §3, as plain functions over one backend.
+
+Each takes a ``BackendEntry`` and drawn scenario(s) and raises
+``PropertyFailure`` (an ``AssertionError``) saying what broke, for which
+scenario; ``harness.Unsupported`` from the backend propagates so the suite
+can skip the draw. The pytest suites in ``suites/conformance`` are thin
+wrappers over these, one test per property.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from harness.contract import LayerCache
+from harness.errors import Unsupported
+from harness.kv_pages import PagePool, PoolLayout, dp_page_range, make_layer_caches
+from harness.oracle import naive_attention, oracle_attention
+from harness.registry import BackendEntry, DPBackendConfig, instantiate_backend
+from harness.scenario import Scenario, StepInputs, check_outputs, make_step_inputs
+from harness.tolerance import error_bound
+
+
+class PropertyFailure(AssertionError):
+    """A conformance property does not hold; the message is the report."""
+
+
+def fail(prop: str, entry: BackendEntry, scenario: Scenario | None, detail: str) -> PropertyFailure:
+    where = f"\n  scenario: {scenario.describe()}" if scenario is not None else ""
+    return PropertyFailure(f"{prop} violated by backend {entry.name!r}{where}\n  {detail}")
+
+
+def new_backend(entry: BackendEntry, scenario: Scenario) -> Any:
+    return instantiate_backend(
+        entry.cls,
+        num_heads=scenario.num_heads,
+        num_kv_heads=scenario.num_kv_heads,
+        head_dim=scenario.head_dim,
+        scale=scenario.softmax_scale,
+        dp_config=DPBackendConfig(scenario.dp_size, scenario.dp_rank),
+        name=entry.name,
+    )
+
+
+def bits(tensor: torch.Tensor) -> torch.Tensor:
+    """Bit patterns, so NaN canaries compare equal to themselves."""
+    as_int = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()]
+    return tensor.detach().view(as_int).cpu().clone()
+
+
+def _call(
+    prop: str,
+    entry: BackendEntry,
+    scenario: Scenario,
+    fn: Callable[..., Any],
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
+    """Run a backend call on valid input; a ValueError there is a wrong rejection."""
+    try:
+        return fn(*args, **kwargs)
+    except Unsupported:
+        raise
+    except ValueError as exc:
+        raise fail(
+            prop, entry, scenario, f"rejected valid input: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def bound_backend(
+    prop: str, entry: BackendEntry, inputs: StepInputs, *, prepare: bool = True
+) -> Any:
+    """A new backend for ``inputs``' rank, bound to its caches and (by default) prepared."""
+    s = inputs.scenario
+    backend = _call(prop, entry, s, new_backend, entry, s)
+    _call(prop, entry, s, backend.bind_kv_caches, inputs.caches)
+    if prepare:
+        _call(prop, entry, s, backend.prepare, inputs.step.metadata, graph_mode=s.graph_mode)
+    return backend
+
+
+def forward_layer(
+    prop: str, entry: BackendEntry, inputs: StepInputs, backend: Any, layer: int
+) -> torch.Tensor:
+    return _call(prop, entry, inputs.scenario, backend.forward, *inputs.forward_args(layer), layer)
+
+
+def run_step(prop: str, entry: BackendEntry, inputs: StepInputs) -> list[torch.Tensor]:
+    """Bind, prepare and forward every layer on a fresh backend."""
+    backend = bound_backend(prop, entry, inputs)
+    return [
+        forward_layer(prop, entry, inputs, backend, layer)
+        for layer in range(inputs.scenario.num_layers)
+    ]
+
+
+def _assert_oracle(
+    prop: str, entry: BackendEntry, inputs: StepInputs, outputs: list[torch.Tensor]
+) -> None:
+    s = inputs.scenario
+    for layer, output in enumerate(outputs):
+        expected = tuple(inputs.queries[layer].shape)
+        if not isinstance(output, torch.Tensor) or tuple(output.shape) != expected:
+            got = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output)
+            raise fail(prop, entry, s, f"layer {layer}: output shape {got} != {expected}")
+        if output.dtype != s.dtype:
+            raise fail(prop, entry, s, f"layer {layer}: output dtype {output.dtype} != {s.dtype}")
+    for layer, result in enumerate(check_outputs(inputs, outputs)):
+        if not result.passed:
+            raise fail(prop, entry, s, f"layer {layer}: {result.describe()}")
+
+
+# -- 1. partition ---------------------------------------------------------------------
+
+
+def check_partition(total_pages: int, dp_size: int) -> None:
+    """Disjoint, covering, balanced, deterministic; dp_size 1 is the whole pool."""
+    ranges = [dp_page_range(total_pages, dp_size, r) for r in range(dp_size)]
+    owned = [page for r in ranges for page in r]
+    if sorted(owned) != list(range(total_pages)) or len(owned) != total_pages:
+        raise PropertyFailure(
+            f"partition of {total_pages} pages over {dp_size} ranks is not "
+            f"disjoint and covering: {ranges}"
+        )
+    sizes = [len(r) for r in ranges]
+    if max(sizes) - min(sizes) > 1 or sizes != sorted(sizes, reverse=True):
+        raise PropertyFailure(f"partition sizes {sizes} are not balanced")
+    if ranges != [dp_page_range(total_pages, dp_size, r) for r in range(dp_size)]:
+        raise PropertyFailure("partition is not deterministic")
+    if dp_page_range(total_pages, 1, 0) != range(total_pages):
+        raise PropertyFailure("dp_size 1 does not own the whole pool")
+
+
+# -- 2. oracle, every rank, together == alone -----------------------------------------
+
+
+def check_matches_oracle(entry: BackendEntry, scenario: Scenario) -> None:
+    inputs = make_step_inputs(scenario)
+    _assert_oracle(
+        "outputs match the oracle",
+        entry,
+        inputs,
+        run_step("outputs match the oracle", entry, inputs),
+    )
+
+
+def _run_ranks_together(
+    prop: str, entry: BackendEntry, ranks: Sequence[Scenario]
+) -> list[tuple[StepInputs, list[torch.Tensor]]]:
+    """Every rank in one pool: shared layout binds one set of tensors for all of them."""
+    first = ranks[0]
+    pool = PagePool(
+        first.total_pages, first.dp_size, shuffle_seed=first.seed if first.shuffle_pages else None
+    )
+    shared = None
+    if first.layout is PoolLayout.SHARED:
+        shared = make_layer_caches(
+            num_layers=first.num_layers,
+            total_pages=first.total_pages,
+            page_size=first.page_size,
+            num_kv_heads=first.num_kv_heads,
+            head_dim=first.head_dim,
+            dtype=first.dtype,
+            device=first.device,
+        )
+    all_inputs = [make_step_inputs(s, pool=pool, caches=shared) for s in ranks]
+    backends = [bound_backend(prop, entry, inputs) for inputs in all_inputs]
+    outputs: list[list[torch.Tensor]] = [[] for _ in ranks]
+    for layer in range(first.num_layers):  # interleave ranks layer by layer
+        for rank, (inputs, backend) in enumerate(zip(all_inputs, backends, strict=True)):
+            outputs[rank].append(forward_layer(prop, entry, inputs, backend, layer))
+    return list(zip(all_inputs, outputs, strict=True))
+
+
+def check_every_rank_matches_oracle(entry: BackendEntry, ranks: Sequence[Scenario]) -> None:
+    prop = "every rank matches the oracle"
+    for inputs, outputs in _run_ranks_together(prop, entry, ranks):
+        _assert_oracle(prop, entry, inputs, outputs)
+
+
+def check_ranks_together_equal_alone(entry: BackendEntry, ranks: Sequence[Scenario]) -> None:
+    prop = "ranks run together equal each run alone"
+    for inputs, together in _run_ranks_together(prop, entry, ranks):
+        alone = run_step(prop, entry, make_step_inputs(inputs.scenario))
+        for layer, (a, b) in enumerate(zip(together, alone, strict=True)):
+            if not torch.equal(bits(a), bits(b)):
+                raise fail(
+                    prop,
+                    entry,
+                    inputs.scenario,
+                    f"layer {layer}: output differs when other ranks share the pool",
+                )
+
+
+# -- 3. canary ----------------------------------------------------------------------------
+
+
+def _changed_slots(
+    caches: list[LayerCache], before: list[tuple[torch.Tensor, torch.Tensor]]
+) -> list[set[int]]:
+    changed = []
+    for cache, (key, value) in zip(caches, before, strict=True):
+        rows = set()
+        for now, old in ((cache.key, key), (cache.value, value)):
+            diff = (bits(now) != old).flatten(0, 1).flatten(1).any(-1)
+            rows |= {
+                r + cache.page_offset * cache.page_size for r in diff.nonzero().flatten().tolist()
+            }
+        changed.append(rows)
+    return changed
+
+
+def check_only_mapped_slots_change(entry: BackendEntry, scenario: Scenario) -> None:
+    """After forward(layer), exactly that step's slots changed, in that layer only."""
+    prop = "only slot_mapping's slots change"
+    inputs = make_step_inputs(scenario)
+    s = scenario
+    backend = bound_backend(prop, entry, inputs)
+    mapped = {slot for slot in inputs.step.metadata.slot_mapping.tolist() if slot != -1}
+    for layer in range(s.num_layers):
+        before = [(bits(c.key), bits(c.value)) for c in inputs.caches]
+        forward_layer(prop, entry, inputs, backend, layer)
+        for other, rows in enumerate(_changed_slots(inputs.caches, before)):
+            expect = mapped if other == layer else set()
+            if rows != expect:
+                extra, missing = sorted(rows - expect)[:8], sorted(expect - rows)[:8]
+                raise fail(
+                    prop,
+                    entry,
+                    s,
+                    f"forward(layer {layer}) changed layer {other}: "
+                    f"unexpected slots {extra}, slots not written {missing}",
+                )
+
+
+# -- 4. rejection of foreign pages and bad bindings ---------------------------------------
+
+
+def _expect_value_error(
+    prop: str, entry: BackendEntry, scenario: Scenario, what: str, fn: Callable[[], Any]
+) -> None:
+    try:
+        fn()
+    except ValueError:
+        return
+    raise fail(prop, entry, scenario, f"accepted {what} without raising ValueError")
+
+
+def check_rejects_foreign_pages(entry: BackendEntry, scenario: Scenario) -> None:
+    """A step of another rank (its pages, its slots) is refused by ``prepare``."""
+    prop = "foreign pages are rejected"
+    victim = scenario
+    other = replace(scenario, dp_rank=(scenario.dp_rank + 1) % scenario.dp_size)
+    inputs = make_step_inputs(victim)
+    foreign = make_step_inputs(other).step.metadata
+    backend = bound_backend(prop, entry, inputs, prepare=False)
+    before = [(bits(c.key), bits(c.value)) for c in inputs.caches]
+    _expect_value_error(
+        prop,
+        entry,
+        victim,
+        f"rank {other.dp_rank}'s pages",
+        lambda: backend.prepare(foreign, graph_mode=victim.graph_mode),
+    )
+    if any(_changed_slots(inputs.caches, before)):
+        raise fail(prop, entry, victim, "rejected prepare wrote to the cache")
+
+
+def check_rejects_foreign_slot(entry: BackendEntry, scenario: Scenario) -> None:
+    """One new token's slot moved onto another rank's page is refused by ``prepare``."""
+    prop = "foreign slots are rejected"
+    inputs = make_step_inputs(scenario)
+    metadata = inputs.step.metadata
+    slots = metadata.slot_mapping.clone()
+    token = int((slots != -1).nonzero()[0])
+    own = dp_page_range(scenario.total_pages, scenario.dp_size, scenario.dp_rank)
+    foreign_page = own.stop if own.stop < scenario.total_pages else own.start - 1
+    slots[token] = foreign_page * scenario.page_size + int(slots[token]) % scenario.page_size
+    backend = bound_backend(prop, entry, inputs, prepare=False)
+    _expect_value_error(
+        prop,
+        entry,
+        scenario,
+        f"slot {int(slots[token])} on page {foreign_page}",
+        lambda: backend.prepare(
+            replace(metadata, slot_mapping=slots), graph_mode=scenario.graph_mode
+        ),
+    )
+
+
+def check_bind_rejects_unbound_range(entry: BackendEntry, scenario: Scenario) -> None:
+    """Per-rank tensors of another rank, or of the wrong head geometry, are refused."""
+    prop = "bind_kv_caches rejects caches that do not hold the rank's pages"
+    other = (scenario.dp_rank + 1) % scenario.dp_size
+    s = replace(scenario, layout=PoolLayout.PER_RANK)
+    caches = make_layer_caches(
+        num_layers=s.num_layers,
+        total_pages=s.total_pages,
+        page_size=s.page_size,
+        num_kv_heads=s.num_kv_heads,
+        head_dim=s.head_dim,
+        dtype=s.dtype,
+        device=s.device,
+        layout=PoolLayout.PER_RANK,
+        dp_size=s.dp_size,
+        dp_rank=other,
+    )
+    backend = _call(prop, entry, s, new_backend, entry, s)
+    if dp_page_range(s.total_pages, s.dp_size, other) != dp_page_range(
+        s.total_pages, s.dp_size, s.dp_rank
+    ):
+        _expect_value_error(
+            prop, entry, s, f"rank {other}'s per-rank cache", lambda: backend.bind_kv_caches(caches)
+        )
+    wrong = make_layer_caches(
+        num_layers=s.num_layers,
+        total_pages=s.total_pages,
+        page_size=s.page_size,
+        num_kv_heads=s.num_kv_heads + 1,
+        head_dim=s.head_dim,
+        dtype=s.dtype,
+        device=s.device,
+    )
+    _expect_value_error(
+        prop,
+        entry,
+        s,
+        "a cache with num_kv_heads + 1",
+        lambda: new_backend(entry, s).bind_kv_caches(wrong),
+    )
+
+
+BAD_CONSTRUCTOR_VALUES: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("num_heads", {"num_heads": 0}),
+    ("num_kv_heads", {"num_kv_heads": -1}),
+    ("head_dim", {"head_dim": 0}),
+    ("num_heads", {"num_heads": 3, "num_kv_heads": 2}),
+    ("scale", {"scale": float("nan")}),
+    ("scale", {"scale": float("inf")}),
+    ("scale", {"scale": -0.5}),
+    ("scale", {"scale": 0.0}),
+    ("dp_size", {"dp_size": 0, "dp_rank": 0}),
+    ("dp_rank", {"dp_size": 2, "dp_rank": 2}),
+    ("dp_rank", {"dp_size": 2, "dp_rank": -1}),
+)
+
+
+def check_constructor_rejects(entry: BackendEntry, field: str, changes: dict[str, Any]) -> None:
+    prop = "constructor rejects bad values"
+    args: dict[str, Any] = {"num_heads": 4, "num_kv_heads": 2, "head_dim": 8, "scale": 0.5}
+    if "dp_size" in changes and not entry.accepts_dp:
+        raise Unsupported("backend is not DP-aware")
+    try:
+        entry.cls(**(args | changes))
+    except ValueError as exc:
+        if field not in str(exc):
+            raise fail(
+                prop, entry, None, f"{changes}: ValueError does not name {field!r}: {exc}"
+            ) from exc
+        return
+    raise fail(prop, entry, None, f"{changes} accepted without ValueError")
+
+
+# -- 5. inputs untouched, outputs sane ------------------------------------------------
+
+
+def check_inputs_unmodified(entry: BackendEntry, scenario: Scenario) -> None:
+    prop = "inputs are not modified"
+    inputs = make_step_inputs(scenario)
+    metadata = inputs.step.metadata
+    tensors = {
+        name: getattr(metadata, name)
+        for name in ("query_start_loc", "seq_lens", "block_table", "slot_mapping")
+    }
+    before = {name: bits(t) for name, t in tensors.items()}
+    backend = bound_backend(prop, entry, inputs)
+    for layer in range(scenario.num_layers):
+        args = inputs.forward_args(layer)
+        copies = [bits(t) for t in args]
+        output = _call(prop, entry, scenario, backend.forward, *args, layer)
+        for name, tensor, copy in zip(("query", "key", "value"), args, copies, strict=True):
+            if not torch.equal(bits(tensor), copy):
+                raise fail(prop, entry, scenario, f"forward(layer {layer}) modified {name}")
+        checked = [row.seq_id is not None for row in inputs.step.rows for _ in range(row.query_len)]
+        real = torch.tensor(checked, dtype=torch.bool)
+        if output.shape != args[0].shape or output.dtype != args[0].dtype:
+            raise fail(
+                prop,
+                entry,
+                scenario,
+                f"output {tuple(output.shape)} {output.dtype}, "
+                f"expected {tuple(args[0].shape)} {args[0].dtype}",
+            )
+        if not torch.isfinite(output.detach().cpu()[real]).all():
+            raise fail(prop, entry, scenario, f"layer {layer}: non-finite output")
+    for name, tensor in tensors.items():
+        if not torch.equal(bits(tensor), before[name]):
+            raise fail(prop, entry, scenario, f"metadata.{name} was modified")
+
+
+# -- 6, 7. page order and layout do not matter --------------------------------------
+
+
+def _assert_same_within_bound(
+    prop: str,
+    entry: BackendEntry,
+    a: StepInputs,
+    out_a: list[torch.Tensor],
+    out_b: list[torch.Tensor],
+) -> None:
+    _assert_oracle(prop, entry, a, out_a)
+    s = a.scenario
+    query_lens = [row.query_len for row in a.step.rows]
+    for layer, (x, y) in enumerate(zip(out_a, out_b, strict=True)):
+        oracle_args = (a.queries[layer], a.sequences[layer], query_lens)
+        exact = oracle_attention(*oracle_args, scale=s.softmax_scale, causal=s.causal)
+        naive = naive_attention(*oracle_args, scale=s.softmax_scale, causal=s.causal)
+        bound = error_bound(exact, (naive.double() - exact.output).norm(dim=-1), s.dtype)
+        diff = (x.detach().cpu().double() - y.detach().cpu().double()).norm(dim=-1)
+        over = (diff > bound) & exact.checked[:, None]
+        if over.any() or not torch.isfinite(diff[exact.checked]).all():
+            raise fail(prop, entry, s, f"layer {layer}: outputs differ beyond the dtype bound")
+
+
+def check_page_order_irrelevant(entry: BackendEntry, scenario: Scenario) -> None:
+    prop = "physical page order does not matter"
+    ordered = make_step_inputs(replace(scenario, shuffle_pages=False))
+    shuffled = make_step_inputs(replace(scenario, shuffle_pages=True))
+    _assert_same_within_bound(
+        prop, entry, ordered, run_step(prop, entry, ordered), run_step(prop, entry, shuffled)
+    )
+
+
+def check_layouts_agree(entry: BackendEntry, scenario: Scenario) -> None:
+    prop = "per-rank and shared layouts agree"
+    shared = make_step_inputs(replace(scenario, layout=PoolLayout.SHARED))
+    per_rank = make_step_inputs(replace(scenario, layout=PoolLayout.PER_RANK))
+    _assert_same_within_bound(
+        prop, entry, shared, run_step(prop, entry, shared), run_step(prop, entry, per_rank)
+    )
+
+
+# -- 8. determinism -------------------------------------------------------------------
+
+
+def check_deterministic(entry: BackendEntry, scenario: Scenario) -> None:
+    prop = "the same inputs give bit-identical outputs"
+    first = run_step(prop, entry, make_step_inputs(scenario))
+    second = run_step(prop, entry, make_step_inputs(scenario))
+    for layer, (a, b) in enumerate(zip(first, second, strict=True)):
+        if not torch.equal(bits(a), bits(b)):
+            raise fail(prop, entry, scenario, f"layer {layer}: second run differs")

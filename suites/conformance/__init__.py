@@ -1,0 +1,7 @@
+"""Property-based conformance suite: one test per property of DESIGN.md §3.
+
+Run it against any backend:
+
+    pytest --pyargs suites.conformance --backend SPEC [--conformance-profile ci|thorough]
+    attn-harness conform --backend SPEC
+"""
