@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-PROFILES = ("ci", "thorough", "kill")
-_STATE: dict[str, Any] = {"profile": "ci", "entries": None, "checked": {}, "selected": []}
+PROFILES = ("ci", "thorough", "kill")  # defined in harness.profiles
+_STATE: dict[str, Any] = {"profile": "ci", "device": "cpu", "entries": None, "checked": {}}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -38,11 +38,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="ci: derandomized and bounded (default); thorough: random, more and larger "
         "examples; kill: ci without shrinking",
     )
+    group.addoption(
+        "--conformance-device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="device the conformance cases run on (default: cpu)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "conformance: a conformance property of a backend")
     _STATE["profile"] = config.getoption("conformance_profile")
+    _STATE["device"] = config.getoption("conformance_device")
     _STATE["checked"] = {}
     _STATE["entries"] = None
     specs = config.getoption("backend")
@@ -72,6 +79,11 @@ def selected_entries() -> list[Any]:
     return list(_STATE["entries"])
 
 
+def current_device() -> str:
+    """The device chosen with ``--conformance-device``."""
+    return str(_STATE["device"])
+
+
 def current_profile() -> Any:
     """The ``harness.profiles.Profile`` chosen on the command line."""
     from harness.profiles import get_profile
@@ -82,7 +94,6 @@ def current_profile() -> Any:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend_entry" in metafunc.fixturenames:
         entries = selected_entries()
-        _STATE["selected"] = [e.name for e in entries]
         metafunc.parametrize("backend_entry", entries, ids=[e.name for e in entries])
 
 
@@ -99,11 +110,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     entry = callspec.params.get("backend_entry") if callspec is not None else None
     if entry is None or report.when != "call":
         return
+    item.user_properties.append(("backend", entry.name))  # kept in --junitxml
     counts = _STATE["checked"].setdefault(entry.name, {"passed": 0, "failed": 0, "skipped": 0})
     counts[report.outcome] = counts.get(report.outcome, 0) + 1
     if report.failed:
         name = getattr(item, "originalname", item.name)
-        module = item.module.__name__ if item.module is not None else "suites.conformance"
+        module_obj = getattr(item, "module", None)
+        module = module_obj.__name__ if module_obj is not None else "suites.conformance"
         command = (
             f"python -m pytest --pyargs {module} -p attn_harness_pytest "
             f"--backend '{entry.name}' --conformance-profile {_STATE['profile']} "

@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from harness.conform import run_conformance
 from harness.contract import Capabilities
 from harness.errors import BackendLoadError
 from harness.quick_check import dtype_name, run_quick_check
@@ -136,6 +137,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_FAILED if any_bad else EXIT_OK
 
 
+def cmd_conform(args: argparse.Namespace) -> int:
+    extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
+    return run_conformance(args.backend, args.profile, args.junitxml, extra)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="attn-harness",
@@ -158,6 +164,23 @@ def build_parser() -> argparse.ArgumentParser:
     p_check.add_argument("--backend", action="append", default=[], metavar="SPEC", help=spec_help)
     p_check.add_argument("-v", "--verbose", action="store_true", help="print every case")
     p_check.set_defaults(func=cmd_check)
+    p_conform = sub.add_parser(
+        "conform",
+        help="property-based conformance suite (pytest + hypothesis) against backends",
+        description="Run suites.conformance against each backend; exit 0 when every property "
+        "holds, 1 when any fails or nothing could be checked, 2 for a usage error. "
+        "Arguments after -- go to pytest.",
+    )
+    p_conform.add_argument("--backend", action="append", default=[], metavar="SPEC", help=spec_help)
+    p_conform.add_argument(
+        "--profile",
+        default="ci",
+        metavar="ci|thorough|kill",
+        help="hypothesis profile (default: ci)",
+    )
+    p_conform.add_argument("--junitxml", metavar="FILE", help="also write a JUnit XML report")
+    p_conform.add_argument("pytest_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    p_conform.set_defaults(func=cmd_conform)
     return parser
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+from attn_harness_pytest import PROFILES as PROFILE_NAMES
 from harness.strategies import CI_BUDGET, THOROUGH_BUDGET, Budget
 
-PROFILE_NAMES = ("ci", "thorough", "kill")
 _SLOW_CHECKS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 
 
@@ -42,23 +42,11 @@ def get_profile(name: str) -> Profile:
         raise ValueError(
             f"unknown conformance profile {name!r}; choose from {', '.join(PROFILE_NAMES)}"
         )
-    common = {"deadline": None, "print_blob": True, "suppress_health_check": _SLOW_CHECKS}
+    common = settings(deadline=None, print_blob=True, suppress_health_check=_SLOW_CHECKS)
     if name == "thorough":
-        return Profile(
-            name,
-            settings(
-                max_examples=200,
-                derandomize=False,
-                database=DirectoryBasedExampleDatabase(str(example_database_dir())),
-                **common,
-            ),
-            THOROUGH_BUDGET,
-            stateful_steps=40,
-        )
+        database = DirectoryBasedExampleDatabase(str(example_database_dir()))
+        thorough = settings(common, max_examples=200, derandomize=False, database=database)
+        return Profile(name, thorough, THOROUGH_BUDGET, stateful_steps=40)
     phases = tuple(p for p in Phase if p is not Phase.shrink) if name == "kill" else tuple(Phase)
-    return Profile(
-        name,
-        settings(max_examples=20, derandomize=True, database=None, phases=phases, **common),
-        CI_BUDGET,
-        stateful_steps=12,
-    )
+    bounded = settings(common, max_examples=20, derandomize=True, database=None, phases=phases)
+    return Profile(name, bounded, CI_BUDGET, stateful_steps=12)

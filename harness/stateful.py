@@ -38,7 +38,9 @@ class Rank:
     history: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
 
 
-def conformance_machine(entry: BackendEntry, budget: Budget) -> type[RuleBasedStateMachine]:
+def conformance_machine(
+    entry: BackendEntry, budget: Budget, device: str = "cpu"
+) -> type[RuleBasedStateMachine]:
     """A state machine class bound to ``entry``, drawing inside its capabilities."""
     caps = entry.capabilities
     max_dp = min(budget.max_dp_size, caps.max_dp_size or budget.max_dp_size)
@@ -51,7 +53,7 @@ def conformance_machine(entry: BackendEntry, budget: Budget) -> type[RuleBasedSt
             self.steps = 0
 
         @initialize(
-            geometry=geometries(caps, budget),
+            geometry=geometries(caps, budget, device),
             dp_size=st.integers(1, max_dp),
             layout=st.sampled_from(list(PoolLayout)),
             per_rank=st.integers(4, 16),
@@ -105,6 +107,7 @@ def conformance_machine(entry: BackendEntry, budget: Budget) -> type[RuleBasedSt
                 num_kv_heads=g.num_kv_heads,
                 head_dim=g.head_dim,
                 dtype=g.dtype,
+                device=g.device,
                 layout=layout,
                 dp_size=dp_size,
                 dp_rank=rank,
@@ -112,7 +115,7 @@ def conformance_machine(entry: BackendEntry, budget: Budget) -> type[RuleBasedSt
 
         def _random(self, shape: tuple[int, ...], magnitude: float = 1.0) -> torch.Tensor:
             data = torch.randn(shape, generator=self.gen) * magnitude
-            return data.to(self.geometry.dtype)
+            return data.to(device=self.geometry.device, dtype=self.geometry.dtype)
 
         def _has_sequences(self) -> bool:
             return any(r.builder.sequences for r in self.ranks)
@@ -174,7 +177,9 @@ def conformance_machine(entry: BackendEntry, budget: Budget) -> type[RuleBasedSt
                 pad_to = len(requests) + data.draw(st.integers(0, 2))
             causal = self.geometry.causal
             try:
-                built = rank.builder.step(requests, causal=causal, pad_to=pad_to)
+                built = rank.builder.step(
+                    requests, causal=causal, pad_to=pad_to, device=self.geometry.device
+                )
             except OutOfPages:
                 event("step skipped: rank out of pages")
                 return
@@ -189,7 +194,8 @@ def conformance_machine(entry: BackendEntry, budget: Budget) -> type[RuleBasedSt
             mapped = {s for s in slots if s != -1}
             num_tokens = len(slots)
             for layer in range(g.num_layers):
-                new_k, new_v, seqs = [], [], []
+                new_k, new_v = [], []
+                seqs: list[SequenceKV | None] = []
                 for row in rows:
                     k = self._random((row.query_len, g.num_kv_heads, g.head_dim), g.magnitude)
                     v = self._random((row.query_len, g.num_kv_heads, g.head_dim))

@@ -41,7 +41,9 @@ THOROUGH_BUDGET = Budget(max_seqs=8, max_context=160, max_layers=4, max_heads=32
 
 
 @st.composite
-def geometries(draw: st.DrawFn, caps: Capabilities, budget: Budget = CI_BUDGET) -> Scenario:
+def geometries(
+    draw: st.DrawFn, caps: Capabilities, budget: Budget = CI_BUDGET, device: str = "cpu"
+) -> Scenario:
     """Heads (GQA groups 1..8, MQA included), head dim, page size, dtype, scale, layers."""
     dtype = draw(st.sampled_from(caps.dtypes))
     kv_heads = draw(st.integers(1, 4))
@@ -63,6 +65,7 @@ def geometries(draw: st.DrawFn, caps: Capabilities, budget: Budget = CI_BUDGET) 
         scale=scale,
         magnitude=magnitude,
         causal=not draw(st.booleans()) if caps.non_causal else True,  # shrinks to causal
+        device=device,
     )
 
 
@@ -119,9 +122,10 @@ def scenarios(
     dp_aware: bool = True,
     budget: Budget = CI_BUDGET,
     min_dp_size: int = 1,
+    device: str = "cpu",
 ) -> Scenario:
-    """One rank's step with everything the contract varies, inside ``caps``."""
-    base = draw(geometries(caps, budget))
+    """One rank's step with everything the contract varies, inside ``caps``, on ``device``."""
+    base = draw(geometries(caps, budget, device))
     contexts, queries = draw(batches(base.page_size, budget, caps.max_seq_len))
     max_dp = min(budget.max_dp_size, caps.max_dp_size or budget.max_dp_size) if dp_aware else 1
     if max_dp < min_dp_size:
@@ -154,10 +158,15 @@ def scenarios(
 
 @st.composite
 def multi_rank_scenarios(
-    draw: st.DrawFn, caps: Capabilities, *, dp_aware: bool = True, budget: Budget = CI_BUDGET
+    draw: st.DrawFn,
+    caps: Capabilities,
+    *,
+    dp_aware: bool = True,
+    budget: Budget = CI_BUDGET,
+    device: str = "cpu",
 ) -> list[Scenario]:
     """One step for every rank of one DP group, sharing geometry and pool size."""
-    first = draw(scenarios(caps, dp_aware=dp_aware, budget=budget))
+    first = draw(scenarios(caps, dp_aware=dp_aware, budget=budget, device=device))
     dp_size = first.dp_size
     ranks = []
     needed = 0

@@ -91,6 +91,7 @@ class PagedBackendBase:
 
     def prepare(self, metadata: AttentionMetadata, graph_mode: bool = False) -> None:
         geometry = self._require_bound()
+        self._step = None  # a rejected step must not leave the previous one runnable
         assert self._page_range is not None
         if self.validate:
             checked = validate_metadata(

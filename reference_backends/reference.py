@@ -1,8 +1,8 @@
 """``reference``: the readable baseline, one sequence at a time.
 
 Gathers each sequence's tokens from its pages, computes attention in fp32
-with an explicit stable softmax, and casts back. Slow on purpose: every line
-maps to the formula in DESIGN.md §2.4.
+with an explicit stable softmax, and casts back. Slow on purpose: every step
+of the formula in DESIGN.md §2.4 is its own small method.
 """
 
 from __future__ import annotations
@@ -18,19 +18,29 @@ class ReferenceBackend(PagedBackendBase):
 
     def attend(self, query: torch.Tensor, cache: LayerCache, step: PreparedStep) -> torch.Tensor:
         out = torch.zeros_like(query)
-        group = self.num_heads // self.num_kv_heads
         for tokens, key, value in self.sequences(cache, step):
             q = query[tokens].float().transpose(0, 1)  # [H, q, D]
-            k = key.float().repeat_interleave(group, dim=0)  # [H, L, D]
-            v = value.float().repeat_interleave(group, dim=0)
+            k = self.expand_kv_heads(key.float())  # [H, L, D]
+            v = self.expand_kv_heads(value.float())
             logits = (q @ k.transpose(1, 2)) * self.scale  # [H, q, L]
-            if step.checked.causal:  # query j sits at position L - q + j
-                q_len, length = q.shape[1], k.shape[1]
-                positions = torch.arange(length - q_len, length, device=q.device)
-                keys = torch.arange(length, device=q.device)
-                logits = logits.masked_fill(keys[None, :] > positions[:, None], float("-inf"))
-            logits = logits - logits.amax(dim=-1, keepdim=True)
-            weights = logits.exp()
-            probs = weights / weights.sum(dim=-1, keepdim=True)
-            out[tokens] = (probs @ v).transpose(0, 1).to(query.dtype)
+            if step.checked.causal:
+                visible = self.causal_mask(q.shape[1], k.shape[1], q.device)
+                logits = logits.masked_fill(~visible, float("-inf"))
+            out[tokens] = (self.softmax(logits) @ v).transpose(0, 1).to(query.dtype)
         return out
+
+    def expand_kv_heads(self, kv: torch.Tensor) -> torch.Tensor:
+        """``[KV, L, D]`` -> ``[H, L, D]``: query head h reads KV head ``h // group``."""
+        return kv.repeat_interleave(self.num_heads // self.num_kv_heads, dim=0)
+
+    @staticmethod
+    def causal_mask(query_len: int, length: int, device: torch.device) -> torch.Tensor:
+        """``[q, L]``, True where visible: query j sits at position ``L - q + j``."""
+        positions = torch.arange(length - query_len, length, device=device)
+        return torch.arange(length, device=device)[None, :] <= positions[:, None]
+
+    @staticmethod
+    def softmax(logits: torch.Tensor) -> torch.Tensor:
+        """Stable softmax: subtract the row maximum before exponentiating."""
+        weights = (logits - logits.amax(dim=-1, keepdim=True)).exp()
+        return weights / weights.sum(dim=-1, keepdim=True)

@@ -9,9 +9,9 @@ from suites.conformance.conftest import check, conformance_settings, draw_scenar
 
 @conformance_settings
 @given(data=st.data())
-def test_only_mapped_slots_change(backend_entry, conformance_profile, data) -> None:
+def test_only_mapped_slots_change(backend_entry, data) -> None:
     check(
         check_only_mapped_slots_change,
         backend_entry,
-        draw_scenario(data, backend_entry, conformance_profile),
+        draw_scenario(data, backend_entry),
     )

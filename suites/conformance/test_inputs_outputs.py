@@ -9,9 +9,9 @@ from suites.conformance.conftest import check, conformance_settings, draw_scenar
 
 @conformance_settings
 @given(data=st.data())
-def test_inputs_unmodified_outputs_finite(backend_entry, conformance_profile, data) -> None:
+def test_inputs_unmodified_outputs_finite(backend_entry, data) -> None:
     check(
         check_inputs_unmodified,
         backend_entry,
-        draw_scenario(data, backend_entry, conformance_profile),
+        draw_scenario(data, backend_entry),
     )

@@ -9,7 +9,5 @@ from suites.conformance.conftest import check, conformance_settings, draw_scenar
 
 @conformance_settings
 @given(data=st.data())
-def test_per_rank_and_shared_layouts_agree(backend_entry, conformance_profile, data) -> None:
-    check(
-        check_layouts_agree, backend_entry, draw_scenario(data, backend_entry, conformance_profile)
-    )
+def test_per_rank_and_shared_layouts_agree(backend_entry, data) -> None:
+    check(check_layouts_agree, backend_entry, draw_scenario(data, backend_entry))

@@ -13,27 +13,25 @@ from suites.conformance.conftest import check, conformance_settings, draw_ranks,
 
 @conformance_settings
 @given(data=st.data())
-def test_outputs_match_oracle(backend_entry, conformance_profile, data) -> None:
-    check(
-        check_matches_oracle, backend_entry, draw_scenario(data, backend_entry, conformance_profile)
-    )
+def test_outputs_match_oracle(backend_entry, data) -> None:
+    check(check_matches_oracle, backend_entry, draw_scenario(data, backend_entry))
 
 
 @conformance_settings
 @given(data=st.data())
-def test_every_rank_matches_oracle(backend_entry, conformance_profile, data) -> None:
+def test_every_rank_matches_oracle(backend_entry, data) -> None:
     check(
         check_every_rank_matches_oracle,
         backend_entry,
-        draw_ranks(data, backend_entry, conformance_profile),
+        draw_ranks(data, backend_entry),
     )
 
 
 @conformance_settings
 @given(data=st.data())
-def test_ranks_together_equal_each_alone(backend_entry, conformance_profile, data) -> None:
+def test_ranks_together_equal_each_alone(backend_entry, data) -> None:
     check(
         check_ranks_together_equal_alone,
         backend_entry,
-        draw_ranks(data, backend_entry, conformance_profile),
+        draw_ranks(data, backend_entry),
     )

@@ -9,9 +9,9 @@ from suites.conformance.conftest import check, conformance_settings, draw_scenar
 
 @conformance_settings
 @given(data=st.data())
-def test_physical_page_order_is_irrelevant(backend_entry, conformance_profile, data) -> None:
+def test_physical_page_order_is_irrelevant(backend_entry, data) -> None:
     check(
         check_page_order_irrelevant,
         backend_entry,
-        draw_scenario(data, backend_entry, conformance_profile),
+        draw_scenario(data, backend_entry),
     )

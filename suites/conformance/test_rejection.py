@@ -23,43 +23,41 @@ from suites.conformance.conftest import check, conformance_settings, draw_scenar
 
 @conformance_settings
 @given(data=st.data())
-def test_foreign_pages_rejected(backend_entry, conformance_profile, data) -> None:
+def test_foreign_pages_rejected(backend_entry, data) -> None:
     require_dp(backend_entry)
     check(
         check_rejects_foreign_pages,
         backend_entry,
-        draw_scenario(data, backend_entry, conformance_profile, min_dp_size=2),
+        draw_scenario(data, backend_entry, min_dp_size=2),
     )
 
 
 @conformance_settings
 @given(data=st.data())
-def test_foreign_slot_rejected(backend_entry, conformance_profile, data) -> None:
+def test_foreign_slot_rejected(backend_entry, data) -> None:
     require_dp(backend_entry)
     check(
         check_rejects_foreign_slot,
         backend_entry,
-        draw_scenario(data, backend_entry, conformance_profile, min_dp_size=2),
+        draw_scenario(data, backend_entry, min_dp_size=2),
     )
 
 
 @conformance_settings
 @given(data=st.data())
-def test_bind_rejects_caches_without_the_ranks_pages(
-    backend_entry, conformance_profile, data
-) -> None:
+def test_bind_rejects_caches_without_the_ranks_pages(backend_entry, data) -> None:
     require_dp(backend_entry)
     check(
         check_bind_rejects_unbound_range,
         backend_entry,
-        draw_scenario(data, backend_entry, conformance_profile, min_dp_size=2),
+        draw_scenario(data, backend_entry, min_dp_size=2),
     )
 
 
 @pytest.mark.parametrize(
     ("field", "changes"),
     BAD_CONSTRUCTOR_VALUES,
-    ids=[f"{f}={v}" for f, v in BAD_CONSTRUCTOR_VALUES],
+    ids=[",".join(f"{k}={v}" for k, v in changes.items()) for _, changes in BAD_CONSTRUCTOR_VALUES],
 )
 def test_constructor_rejects_bad_values(backend_entry, field, changes) -> None:
     try:

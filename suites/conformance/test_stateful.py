@@ -7,11 +7,11 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from harness.stateful import conformance_machine
-from suites.conformance.conftest import PROFILE
+from suites.conformance.conftest import DEVICE, PROFILE
 
 
 def test_stateful_steps(backend_entry) -> None:
-    machine = conformance_machine(backend_entry, PROFILE.budget)
+    machine = conformance_machine(backend_entry, PROFILE.budget, DEVICE)
     run_state_machine_as_test(
         machine,
         settings=settings(PROFILE.settings, stateful_step_count=PROFILE.stateful_steps),

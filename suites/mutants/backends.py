@@ -1,0 +1,218 @@
+"""Deliberately broken backends, one realistic bug each (see each docstring).
+
+Most override one small method of a built-in, so the bug is the only
+difference from a backend that passes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import torch
+
+from harness.contract import AttentionMetadata, LayerCache
+from reference_backends.paged_base import PreparedStep
+from reference_backends.reference import ReferenceBackend
+
+# -- DP partition and ownership ------------------------------------------------------
+
+
+class PartitionFloor(ReferenceBackend):
+    """Rank range from ``total // dp_size`` alone, dropping the remainder's shift.
+
+    Valid pages of ranks after the first are refused when the pool does not
+    divide by dp_size.
+    """
+
+    def bind_kv_caches(self, layer_caches: list[LayerCache]) -> None:
+        super().bind_kv_caches(layer_caches)
+        base = layer_caches[0].global_total_pages // self.dp_size
+        self._page_range = range(self.dp_rank * base, (self.dp_rank + 1) * base)
+
+
+class SkipsOwnershipCheck(ReferenceBackend):
+    """Never checks that pages belong to its rank: reads and writes other ranks' pages."""
+
+    def bind_kv_caches(self, layer_caches: list[LayerCache]) -> None:
+        super().bind_kv_caches(layer_caches)
+        self._page_range = range(layer_caches[0].global_total_pages)
+
+
+class IgnoresPageOffset(ReferenceBackend):
+    """Indexes a per-rank pool with global page ids, as if it held the whole pool."""
+
+    def cache_rows(self, pages: list[int], length: int) -> list[int]:
+        size = self._require_bound().page_size
+        return [pages[p // size] * size + p % size for p in range(length)]
+
+
+# -- masking and head mapping -----------------------------------------------------
+
+
+class TopLeftCausal(ReferenceBackend):
+    """Causal mask aligned top-left (SDPA's ``is_causal``): wrong when q < L (extend, decode)."""
+
+    @staticmethod
+    def causal_mask(query_len: int, length: int, device: torch.device) -> torch.Tensor:
+        return torch.ones(query_len, length, dtype=torch.bool, device=device).tril()
+
+
+class NoCausalMask(ReferenceBackend):
+    """Ignores the causal flag: every query sees the whole sequence."""
+
+    @staticmethod
+    def causal_mask(query_len: int, length: int, device: torch.device) -> torch.Tensor:
+        return torch.ones(query_len, length, dtype=torch.bool, device=device)
+
+
+class GqaModulo(ReferenceBackend):
+    """Maps query head h to KV head ``h % num_kv_heads`` instead of ``h // group``."""
+
+    def expand_kv_heads(self, kv: torch.Tensor) -> torch.Tensor:
+        return kv.repeat(self.num_heads // self.num_kv_heads, 1, 1)
+
+
+class UnstableSoftmax(ReferenceBackend):
+    """Exponentiates raw logits: overflows to inf/NaN once logits reach ~90 (fp32)."""
+
+    @staticmethod
+    def softmax(logits: torch.Tensor) -> torch.Tensor:
+        weights = logits.exp()
+        return weights / weights.sum(dim=-1, keepdim=True)
+
+
+class IgnoresScale(ReferenceBackend):
+    """Hard-codes ``1/sqrt(head_dim)`` and ignores the scale it was given."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+
+
+# -- which tokens are read --------------------------------------------------------
+
+
+class DropsLastToken(ReferenceBackend):
+    """Off by one: attends to the first ``L - 1`` tokens of each sequence."""
+
+    def cache_rows(self, pages: list[int], length: int) -> list[int]:
+        return super().cache_rows(pages, max(1, length - 1))
+
+
+class ReadsWholeLastPage(ReferenceBackend):
+    """Reads every slot of the last page, including its unwritten tail."""
+
+    def cache_rows(self, pages: list[int], length: int) -> list[int]:
+        size = self._require_bound().page_size
+        return super().cache_rows(pages, -(-length // size) * size)
+
+
+class AssumesContiguousPages(ReferenceBackend):
+    """Treats a sequence's pages as consecutive from its first page."""
+
+    def cache_rows(self, pages: list[int], length: int) -> list[int]:
+        geometry = self._require_bound()
+        first = (pages[0] - geometry.page_offset) * geometry.page_size
+        rows = [first + p for p in range(length)]
+        limit = geometry.num_pages * geometry.page_size
+        return [r % limit for r in rows]
+
+
+# -- which tokens are written -----------------------------------------------------
+
+
+class WritesPaddingSlots(ReferenceBackend):
+    """Writes tokens with slot -1 too, to the pool's last slot (Python's index -1)."""
+
+    def prepare(self, metadata: AttentionMetadata, graph_mode: bool = False) -> None:
+        super().prepare(metadata, graph_mode=graph_mode)
+        assert self._step is not None
+        assert self._geometry is not None
+        slots = self._step.checked.slots
+        base = self._geometry.page_offset * self._geometry.page_size
+        last = self._geometry.num_pages * self._geometry.page_size - 1
+        rows = [last if s == -1 else s - base for s in slots]
+        device = self._geometry.device
+        self._step = replace(
+            self._step,
+            write_tokens=torch.arange(len(slots), device=device),
+            write_rows=torch.tensor(rows, dtype=torch.long, device=device),
+        )
+
+
+class IgnoresLayerIndex(ReferenceBackend):
+    """Reads and writes layer 0's cache whatever ``layer_idx`` says."""
+
+    def forward(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_idx: int
+    ) -> torch.Tensor:
+        return super().forward(query, key, value, 0)
+
+
+# -- inputs, state and determinism ------------------------------------------------
+
+
+class ModifiesQueryInPlace(ReferenceBackend):
+    """Pre-scales the caller's query in place to save a multiply."""
+
+    def attend(self, query: torch.Tensor, cache: LayerCache, step: PreparedStep) -> torch.Tensor:
+        query.mul_(self.scale)
+        scale, self.scale = self.scale, 1.0
+        try:
+            return super().attend(query, cache, step)
+        finally:
+            self.scale = scale
+
+
+class IgnoresStrides(ReferenceBackend):
+    """Reads the query's storage as if it were contiguous (a raw-pointer kernel's bug)."""
+
+    def attend(self, query: torch.Tensor, cache: LayerCache, step: PreparedStep) -> torch.Tensor:
+        dense = query.as_strided(
+            query.shape, torch.empty(query.shape).stride(), query.storage_offset()
+        )
+        return super().attend(dense, cache, step)
+
+
+class NonDeterministic(ReferenceBackend):
+    """Adds last-bit noise, as an atomic-add reduction in a varying order would."""
+
+    def attend(self, query: torch.Tensor, cache: LayerCache, step: PreparedStep) -> torch.Tensor:
+        out = super().attend(query, cache, step)
+        noise = torch.randint(-1, 2, out.shape, device=out.device).to(out.dtype)
+        return out + out * noise * torch.finfo(out.dtype).eps
+
+
+class StalePlanCache(ReferenceBackend):
+    """Caches the step plan by token count: a later step of the same size reuses stale pages."""
+
+    def prepare(self, metadata: AttentionMetadata, graph_mode: bool = False) -> None:
+        previous = getattr(self, "_cached", None)
+        tokens = int(metadata.slot_mapping.shape[0])
+        if previous is not None and previous[0] == tokens:
+            self._step = previous[1]
+            return
+        super().prepare(metadata, graph_mode=graph_mode)
+        self._cached = (tokens, self._step)
+
+
+MUTANTS: tuple[type, ...] = (
+    PartitionFloor,
+    SkipsOwnershipCheck,
+    IgnoresPageOffset,
+    TopLeftCausal,
+    NoCausalMask,
+    GqaModulo,
+    UnstableSoftmax,
+    IgnoresScale,
+    DropsLastToken,
+    ReadsWholeLastPage,
+    AssumesContiguousPages,
+    WritesPaddingSlots,
+    IgnoresLayerIndex,
+    ModifiesQueryInPlace,
+    IgnoresStrides,
+    NonDeterministic,
+    StalePlanCache,
+)
