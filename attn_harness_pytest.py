@@ -108,7 +108,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = outcome.get_result()
     callspec = getattr(item, "callspec", None)
     entry = callspec.params.get("backend_entry") if callspec is not None else None
-    if entry is None or report.when != "call":
+    if entry is None or not (report.when == "call" or (report.when == "setup" and report.skipped)):
         return
     item.user_properties.append(("backend", entry.name))  # kept in --junitxml
     counts = _STATE["checked"].setdefault(entry.name, {"passed": 0, "failed": 0, "skipped": 0})

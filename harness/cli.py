@@ -139,7 +139,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_conform(args: argparse.Namespace) -> int:
     extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
-    return run_conformance(args.backend, args.profile, args.junitxml, extra)
+    return run_conformance(args.backend, args.profile, args.junitxml, extra, device=args.device)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -177,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="ci",
         metavar="ci|thorough|kill",
         help="hypothesis profile (default: ci)",
+    )
+    p_conform.add_argument(
+        "--device", default="cpu", metavar="cpu|cuda", help="device the cases run on (default: cpu)"
     )
     p_conform.add_argument("--junitxml", metavar="FILE", help="also write a JUnit XML report")
     p_conform.add_argument("pytest_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)

@@ -20,7 +20,11 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def pytest_arguments(
-    specs: Sequence[str], profile: str, junitxml: str | None, extra: Sequence[str] = ()
+    specs: Sequence[str],
+    profile: str,
+    junitxml: str | None,
+    extra: Sequence[str] = (),
+    device: str = "cpu",
 ) -> list[str]:
     # This process imported the plugin to check the profile name; pytest would warn that
     # it can no longer rewrite the plugin's (assert-free) module.
@@ -35,6 +39,8 @@ def pytest_arguments(
         "no:cacheprovider",
         "--conformance-profile",
         profile,
+        "--conformance-device",
+        device,
     ]
     for spec in specs:
         args += ["--backend", spec]
@@ -43,10 +49,17 @@ def pytest_arguments(
     return args + list(extra)
 
 
-def usage_problem(specs: Sequence[str], profile: str) -> str | None:
+def usage_problem(specs: Sequence[str], profile: str, device: str = "cpu") -> str | None:
     """Why these arguments cannot run, checked before pytest starts."""
     if profile not in PROFILE_NAMES:
         return f"unknown profile {profile!r}; choose from {', '.join(PROFILE_NAMES)}"
+    if device not in ("cpu", "cuda"):
+        return f"unknown device {device!r}; choose cpu or cuda"
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return "--device cuda: no CUDA device is available"
     registry = default_registry()
     for spec in specs:
         try:
@@ -62,14 +75,15 @@ def run_conformance(
     profile: str = "ci",
     junitxml: str | None = None,
     extra: Sequence[str] = (),
+    device: str = "cpu",
 ) -> int:
-    problem = usage_problem(specs, profile)
+    problem = usage_problem(specs, profile, device)
     if problem is not None:
         print(f"attn-harness conform: error: {problem}", file=sys.stderr)
         return EXIT_USAGE
     import pytest
 
-    code = int(pytest.main(pytest_arguments(specs, profile, junitxml, extra)))
+    code = int(pytest.main(pytest_arguments(specs, profile, junitxml, extra, device)))
     if code == pytest.ExitCode.OK:
         return EXIT_OK
     if code == pytest.ExitCode.NO_TESTS_COLLECTED:

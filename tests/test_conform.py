@@ -1,0 +1,153 @@
+"""``attn-harness conform`` and the pytest plugin: exit codes, reports, claims, profiles."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.cli import main
+from harness.conform import EXIT_FAILED, EXIT_OK, EXIT_USAGE, pytest_arguments
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = "tests/fixtures/conform_backends.py"
+
+
+def conform(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run the CLI in a subprocess: the suite's modules read the profile at import."""
+    return subprocess.run(
+        [sys.executable, "-m", "harness", "conform", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+def test_builtin_passes_every_property():
+    result = conform("--backend", "sdpa", "--", "-q")
+    assert result.returncode == EXIT_OK, result.stdout[-3000:]
+    assert " passed" in result.stdout
+    assert "failed" not in result.stdout
+
+
+def test_failing_backend_exits_1_with_scenario_and_replay():
+    result = conform(
+        "--backend", f"{FIXTURES}:OffByOneScale", "--", "-q", "-k", "test_outputs_match_oracle"
+    )
+    assert result.returncode == EXIT_FAILED
+    out = result.stdout
+    assert "outputs match the oracle violated by backend" in out
+    assert "scenario: dp " in out  # the shrunk example, in words
+    assert "EXCEEDS bound" in out
+    assert "replay" in out
+    assert f"--backend '{FIXTURES}:OffByOneScale'" in out
+
+
+def test_constructor_raising_is_a_reported_failure_not_a_traceback_only():
+    result = conform(
+        "--backend", f"{FIXTURES}:ConstructorRaises", "--", "-q", "-k", "test_outputs_match_oracle"
+    )
+    assert result.returncode == EXIT_FAILED
+    assert "RuntimeError: cannot build" in result.stdout
+    assert "1 failed" in result.stdout
+
+
+def test_nothing_checkable_on_this_device_fails_and_says_so():
+    result = conform("--backend", f"{FIXTURES}:CudaOnly")
+    assert result.returncode == EXIT_FAILED
+    assert "nothing could be checked for backend" in result.stdout
+
+
+def test_backend_refusing_everything_fails():
+    result = conform(
+        "--backend", f"{FIXTURES}:RefusesEverything", "--", "-q", "-k", "test_outputs_match_oracle"
+    )
+    assert result.returncode == EXIT_FAILED
+    assert "Unsatisfiable" in result.stdout or "satisfy" in result.stdout
+
+
+def test_narrow_claim_is_respected():
+    result = conform("--backend", f"{FIXTURES}:Float32Only", "--", "-q")
+    assert result.returncode == EXIT_OK, result.stdout[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--backend", "no_such_module:Thing"], "cannot import module 'no_such_module'"),
+        (["--backend", "tests/fixtures/missing.py:X"], "does not exist"),
+        (["--backend", "unknown-name"], "Unknown attention backend 'unknown-name'"),
+        (["--profile", "fast"], "unknown profile 'fast'"),
+    ],
+)
+def test_usage_errors_exit_2_before_running(capsys, args, message):
+    assert main(["conform", *args]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_pytest_directly_with_the_plugin():
+    """`pytest --pyargs suites.conformance --backend SPEC` runs the same suite."""
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--pyargs",
+        "suites.conformance",
+        "-p",
+        "attn_harness_pytest",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--backend",
+        f"{FIXTURES}:OffByOneScale",
+        "-k",
+        "test_second_run_is_bit_identical or test_outputs_match_oracle",
+    ]
+    result = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert result.returncode == 1
+    assert "1 failed, 1 passed" in result.stdout
+
+
+def test_pytest_usage_error_for_a_bad_spec():
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--pyargs",
+        "suites.conformance",
+        "-p",
+        "attn_harness_pytest",
+        "-p",
+        "no:cacheprovider",
+        "--backend",
+        "nope:Nope",
+    ]
+    result = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR
+    assert "--backend nope:Nope" in result.stderr
+
+
+def test_pytest_arguments():
+    args = pytest_arguments(["a", "b.py:C"], "thorough", "out.xml", ["-x"])
+    assert args[args.index("--conformance-profile") + 1] == "thorough"
+    assert args.count("--backend") == 2
+    assert "--junitxml" in args
+    assert args[-1] == "-x"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+def test_cuda_device_without_a_gpu_is_a_usage_error():
+    result = conform("--backend", "sdpa", "--device", "cuda")
+    assert result.returncode == EXIT_USAGE
+    assert "no CUDA device" in result.stderr
