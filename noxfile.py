@@ -6,7 +6,7 @@ import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["tests", "lint", "typecheck"]
+nox.options.sessions = ["tests", "conformance", "lint", "typecheck"]
 
 CONSTRAINTS = ("-c", "constraints.txt")
 
@@ -16,6 +16,24 @@ def tests(session: nox.Session) -> None:
     """The unit tests (CPU)."""
     session.install(*CONSTRAINTS, "-e", ".[test]")
     session.run("pytest", *session.posargs)
+
+
+@nox.session
+def conformance(session: nox.Session) -> None:
+    """The conformance suite (ci profile) against every registered backend.
+
+    Extra arguments go to ``attn-harness conform``, e.g.
+    ``nox -s conformance -- --backend my_pkg.attn:MyBackend --profile thorough``.
+    """
+    session.install(*CONSTRAINTS, "-e", ".")
+    session.run("attn-harness", "conform", *session.posargs)
+
+
+@nox.session
+def mutants(session: nox.Session) -> None:
+    """The planted-bug kill matrix: which properties catch which bug."""
+    session.install(*CONSTRAINTS, "-e", ".")
+    session.run("python", "-m", "suites.mutants.kill_matrix", *session.posargs)
 
 
 @nox.session

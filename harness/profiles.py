@@ -45,8 +45,8 @@ def get_profile(name: str) -> Profile:
     common = settings(deadline=None, print_blob=True, suppress_health_check=_SLOW_CHECKS)
     if name == "thorough":
         database = DirectoryBasedExampleDatabase(str(example_database_dir()))
-        thorough = settings(common, max_examples=200, derandomize=False, database=database)
-        return Profile(name, thorough, THOROUGH_BUDGET, stateful_steps=40)
+        thorough = settings(common, max_examples=500, derandomize=False, database=database)
+        return Profile(name, thorough, THOROUGH_BUDGET, stateful_steps=50)
     phases = tuple(p for p in Phase if p is not Phase.shrink) if name == "kill" else tuple(Phase)
-    bounded = settings(common, max_examples=20, derandomize=True, database=None, phases=phases)
-    return Profile(name, bounded, CI_BUDGET, stateful_steps=12)
+    bounded = settings(common, max_examples=50, derandomize=True, database=None, phases=phases)
+    return Profile(name, bounded, CI_BUDGET, stateful_steps=20)

@@ -36,3 +36,4 @@ def test_readme_quick_start_has_two_commands():
     assert len(lines) == 2
     assert "constraints.txt" in lines[0]
     assert "nox -s tests" in lines[1]
+    assert "harness conform" in lines[0]
