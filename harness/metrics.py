@@ -1,0 +1,192 @@
+"""Exact work counts of one attention step, rates, and fractions of the roofline.
+
+Pure functions of the batch shape (DESIGN.md §4), with no timing or device:
+
+* FLOPs = 4 * num_heads * head_dim * (sum over query tokens of keys seen):
+  ``QK^T`` and ``PV`` are each one multiply-add (2 FLOPs) per query head,
+  head-dim element and visible key. A query token at position ``p`` of a
+  causal sequence sees ``p + 1`` keys; without a causal mask it sees all
+  ``L``.
+* bytes = Q read + O written + each sequence's K/V read once + new K/V
+  written, in the element size of the dtype: the traffic of an ideal kernel
+  that touches every byte exactly once. Graph-mode padding rows (``seq_len``
+  0) are no real work and are not counted.
+
+Counts are Python ints (exact at any size); rates and fractions are floats.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+def keys_seen(query_len: int, seq_len: int, causal: bool) -> int:
+    """Keys visible to a sequence's ``query_len`` new tokens, summed over them.
+
+    The new tokens sit at positions ``seq_len - query_len .. seq_len - 1``;
+    causal token ``p`` sees ``p + 1`` keys, so the sum is
+    ``q * (L - q) + q * (q + 1) / 2``.
+    """
+    if query_len < 0 or seq_len < query_len:
+        raise ValueError(f"need 0 <= query_len <= seq_len, got q={query_len}, L={seq_len}")
+    if not causal:
+        return query_len * seq_len
+    return query_len * (seq_len - query_len) + query_len * (query_len + 1) // 2
+
+
+@dataclass(frozen=True)
+class AttentionWork:
+    """The shape of one step's attention for one layer, enough to count its work."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    element_bytes: int
+    query_lens: tuple[int, ...]
+    seq_lens: tuple[int, ...]
+    causal: bool = True
+
+    def __post_init__(self) -> None:
+        if len(self.query_lens) != len(self.seq_lens):
+            raise ValueError("query_lens and seq_lens differ in length")
+        for name in ("num_heads", "num_kv_heads", "head_dim", "element_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for q, length in self.real_rows:
+            keys_seen(q, length, self.causal)  # validates each real row
+
+    @property
+    def real_rows(self) -> list[tuple[int, int]]:
+        """``(query_len, seq_len)`` of every row that is not graph-mode padding."""
+        return [(q, n) for q, n in zip(self.query_lens, self.seq_lens, strict=True) if n > 0]
+
+    @property
+    def num_tokens(self) -> int:
+        """Query tokens of real rows: the tokens a step produces."""
+        return sum(q for q, _ in self.real_rows)
+
+    @property
+    def keys_seen(self) -> int:
+        return sum(keys_seen(q, n, self.causal) for q, n in self.real_rows)
+
+    @property
+    def flops(self) -> int:
+        return 4 * self.num_heads * self.head_dim * self.keys_seen
+
+    @property
+    def query_bytes(self) -> int:
+        """Q read; O written is the same size."""
+        return self.num_tokens * self.num_heads * self.head_dim * self.element_bytes
+
+    @property
+    def kv_read_bytes(self) -> int:
+        """Each sequence's whole K and V, read once."""
+        tokens = sum(n for _, n in self.real_rows)
+        return 2 * tokens * self.num_kv_heads * self.head_dim * self.element_bytes
+
+    @property
+    def kv_write_bytes(self) -> int:
+        """The new tokens' K and V written into the cache."""
+        return 2 * self.num_tokens * self.num_kv_heads * self.head_dim * self.element_bytes
+
+    @property
+    def bytes(self) -> int:
+        return 2 * self.query_bytes + self.kv_read_bytes + self.kv_write_bytes
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        """FLOPs per byte: where the step sits on the roofline."""
+        return self.flops / self.bytes if self.bytes else 0.0
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Achieved throughput of one step taking ``seconds``."""
+
+    seconds: float
+    tokens_per_s: float
+    flops_per_s: float
+    bytes_per_s: float
+
+    @property
+    def tflops(self) -> float:
+        return self.flops_per_s / 1e12
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes_per_s / 1e9
+
+
+def rates(work: AttentionWork, seconds: float) -> Rates:
+    if not seconds > 0:
+        raise ValueError(f"seconds must be > 0, got {seconds}")
+    return Rates(
+        seconds=seconds,
+        tokens_per_s=work.num_tokens / seconds,
+        flops_per_s=work.flops / seconds,
+        bytes_per_s=work.bytes / seconds,
+    )
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """Achieved rates as fractions of the device's ceilings.
+
+    ``roofline_fraction`` is the time an ideal kernel would need (bounded by
+    bandwidth or by compute, whichever is slower) over the measured time,
+    i.e. the larger of the two fractions. Any fraction above 1 is physically
+    impossible and is flagged as a measurement error.
+    """
+
+    bandwidth_fraction: float | None
+    compute_fraction: float | None
+    roofline_fraction: float | None
+    bound: str | None  # "memory" or "compute": which ceiling limits an ideal kernel
+    flags: tuple[str, ...]
+
+
+def roofline(
+    work: AttentionWork,
+    seconds: float,
+    *,
+    bandwidth: float | None,
+    flops: float | None,
+) -> Roofline:
+    """Fractions of ``bandwidth`` (bytes/s) and ``flops`` (FLOP/s); ``None`` when unknown."""
+    achieved = rates(work, seconds)
+    bw = achieved.bytes_per_s / bandwidth if bandwidth else None
+    fl = achieved.flops_per_s / flops if flops else None
+    known = [f for f in (bw, fl) if f is not None]
+    bound = None
+    if bw is not None and fl is not None:
+        bound = "memory" if bw >= fl else "compute"
+    flags = []
+    for name, fraction in (("bandwidth", bw), ("compute", fl)):
+        if fraction is not None and fraction > 1.0:
+            flags.append(
+                f"measurement error: {name} at {fraction:.0%} of its ceiling (above 100% is "
+                "impossible; check the timer, the cache flush or the ceiling probe)"
+            )
+    return Roofline(bw, fl, max(known) if known else None, bound, tuple(flags))
+
+
+def work_of_rows(
+    rows: Sequence[tuple[int, int]],
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    element_bytes: int,
+    causal: bool = True,
+) -> AttentionWork:
+    """``AttentionWork`` from ``(query_len, seq_len)`` rows."""
+    return AttentionWork(
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        element_bytes=element_bytes,
+        query_lens=tuple(q for q, _ in rows),
+        seq_lens=tuple(n for _, n in rows),
+        causal=causal,
+    )

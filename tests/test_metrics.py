@@ -1,0 +1,205 @@
+"""Exact FLOP and byte counts for hand-worked ragged batches; rates, roofline, ceilings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness.ceilings import (
+    Ceilings,
+    RunCeilings,
+    datasheet_for,
+    probe,
+    run_ceilings,
+)
+from harness.metrics import AttentionWork, keys_seen, rates, roofline, work_of_rows
+
+H, KV, D, FP32 = 4, 2, 8, 4
+
+
+def work(rows, causal=True, element_bytes=FP32):
+    return work_of_rows(
+        rows, num_heads=H, num_kv_heads=KV, head_dim=D, element_bytes=element_bytes, causal=causal
+    )
+
+
+# -- keys seen, worked by hand -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("q", "length", "causal", "expected"),
+    [
+        (1, 5, True, 5),  # decode: the one new token sees all 5
+        (4, 4, True, 1 + 2 + 3 + 4),  # prefill: token p sees p + 1
+        (3, 7, True, 5 + 6 + 7),  # extend: positions 4, 5, 6
+        (3, 7, False, 3 * 7),  # non-causal: everything
+        (4, 4, False, 16),
+        (1, 5, False, 5),
+    ],
+)
+def test_keys_seen_by_hand(q, length, causal, expected):
+    assert keys_seen(q, length, causal) == expected
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 40), st.integers(0, 40), st.booleans())
+def test_keys_seen_equals_the_visible_mask(q, extra, causal):
+    length = q + extra
+    positions = range(length - q, length)
+    brute = sum(length if not causal else p + 1 for p in positions)
+    assert keys_seen(q, length, causal) == brute
+
+
+# -- whole batches, worked by hand (H=4, KV=2, D=8, fp32) --------------------------------
+# Per token: Q and O are H*D*4 = 128 bytes each; new K+V are 2*KV*D*4 = 128 bytes.
+# Per cached token read: K+V = 2*KV*D*4 = 128 bytes.  FLOPs per key seen: 4*H*D = 128.
+
+CASES = {
+    # name: rows (q, L), causal, keys seen, tokens, total context
+    "decode": ([(1, 5), (1, 9)], True, 5 + 9, 2, 14),
+    "prefill": ([(4, 4), (2, 2)], True, 10 + 3, 6, 6),
+    "extend": ([(3, 7)], True, 18, 3, 7),
+    "mixed": ([(1, 5), (4, 4), (3, 7)], True, 5 + 10 + 18, 8, 16),
+    "mixed non-causal": ([(1, 5), (4, 4), (3, 7)], False, 5 + 16 + 21, 8, 16),
+    "prefill non-causal": ([(4, 4), (2, 2)], False, 16 + 4, 6, 6),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_flops_and_bytes_of_ragged_batches(name):
+    rows, causal, keys, tokens, context = CASES[name]
+    w = work(rows, causal)
+    assert w.keys_seen == keys
+    assert w.num_tokens == tokens
+    assert w.flops == 128 * keys
+    assert w.query_bytes == 128 * tokens
+    assert w.kv_read_bytes == 128 * context
+    assert w.kv_write_bytes == 128 * tokens
+    assert w.bytes == 128 * tokens * 3 + 128 * context
+
+
+def test_mixed_batch_totals_spelled_out():
+    w = work([(1, 5), (4, 4), (3, 7)])
+    assert w.flops == 4 * 4 * 8 * 33 == 4224
+    assert w.bytes == 1024 + 1024 + 2048 + 1024 == 5120
+    assert w.arithmetic_intensity == pytest.approx(4224 / 5120)
+
+
+def test_element_size_scales_bytes_not_flops():
+    rows = [(1, 5), (4, 4)]
+    assert work(rows, element_bytes=2).bytes * 2 == work(rows).bytes
+    assert work(rows, element_bytes=2).flops == work(rows).flops
+
+
+def test_graph_mode_padding_rows_are_not_work():
+    padded = AttentionWork(
+        num_heads=H,
+        num_kv_heads=KV,
+        head_dim=D,
+        element_bytes=FP32,
+        query_lens=(1, 4, 2),
+        seq_lens=(5, 4, 0),
+    )
+    assert padded.flops == work([(1, 5), (4, 4)]).flops
+    assert padded.bytes == work([(1, 5), (4, 4)]).bytes
+
+
+@pytest.mark.parametrize("rows", [[(5, 4)], [(-1, 3)]])
+def test_impossible_rows_are_rejected(rows):
+    with pytest.raises(ValueError, match="query_len"):
+        work(rows)
+
+
+# -- rates and roofline --------------------------------------------------------------
+
+
+def test_rates():
+    w = work([(1, 5), (4, 4), (3, 7)])
+    r = rates(w, 2.0)
+    assert r.tokens_per_s == 4
+    assert r.flops_per_s == 2112
+    assert r.tflops == 2112 / 1e12
+    assert r.bytes_per_s == 2560
+    assert r.gbps == 2560 / 1e9
+    with pytest.raises(ValueError, match="seconds"):
+        rates(w, 0.0)
+
+
+def test_roofline_fractions_and_bound():
+    w = work([(1, 5), (4, 4), (3, 7)])  # 4224 FLOPs, 5120 bytes in 1 s
+    roof = roofline(w, 1.0, bandwidth=10_240.0, flops=42_240.0)
+    assert roof.bandwidth_fraction == pytest.approx(0.5)
+    assert roof.compute_fraction == pytest.approx(0.1)
+    assert roof.roofline_fraction == pytest.approx(0.5)
+    assert roof.bound == "memory"
+    assert roof.flags == ()
+
+
+def test_above_100_percent_of_a_ceiling_is_flagged_as_a_measurement_error():
+    w = work([(1, 5)])
+    roof = roofline(w, 1e-9, bandwidth=1.0, flops=1e30)
+    assert roof.bandwidth_fraction > 1
+    assert len(roof.flags) == 1
+    assert "measurement error" in roof.flags[0]
+    assert "bandwidth" in roof.flags[0]
+
+
+def test_unknown_ceilings_give_no_fractions():
+    roof = roofline(work([(1, 5)]), 1.0, bandwidth=None, flops=None)
+    assert roof.roofline_fraction is None
+    assert roof.bound is None
+    assert roof.flags == ()
+
+
+# -- ceilings -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "product", "bandwidth"),
+    [
+        ("NVIDIA H200", "H200 SXM", 4.8e12),
+        ("NVIDIA H200 NVL", "H200 NVL", 4.8e12),
+        ("NVIDIA H100 80GB HBM3", "H100 SXM", 3.35e12),
+        ("NVIDIA H100 PCIe", "H100 PCIe", 2.0e12),
+        ("NVIDIA A100-SXM4-80GB", "A100 SXM 80GB", 2.039e12),
+    ],
+)
+def test_datasheet_fallback_is_labelled(name, product, bandwidth):
+    sheet = datasheet_for(name)
+    assert sheet is not None
+    assert sheet.source == "datasheet"
+    assert sheet.device_name == product
+    assert sheet.memory_bandwidth == bandwidth
+    assert sheet.flops_for("bfloat16") > sheet.flops_for("float32")
+    assert "datasheet" in sheet.details["note"]
+
+
+def test_unknown_device_has_no_datasheet():
+    assert datasheet_for("AMD EPYC") is None
+
+
+def test_probe_measures_copy_and_matmul_on_this_cpu():
+    c = probe("cpu", dtypes=(torch.float32,))
+    assert c.source == "measured"
+    assert c.memory_bandwidth is not None
+    assert c.memory_bandwidth > 1e8
+    assert c.flops_for("float32") > 1e8
+    assert c.details["copy"]["bytes"] > 0
+    assert c.details["matmul_float32"]["n"] >= 256
+
+
+def test_run_ceilings_prefer_measured_and_round_trip():
+    measured = Ceilings("measured", "x", 1e10, {"float32": 1e11})
+    sheet = Ceilings("datasheet", "H200 SXM", 4.8e12, {"float32": 6.7e13})
+    both = RunCeilings(measured, sheet)
+    assert both.used is measured
+    assert RunCeilings(None, sheet).used is sheet
+    assert RunCeilings.from_json(both.to_json()) == both
+    assert both.to_json()["used"] == "measured"
+    assert run_ceilings("cpu", measure_probe=False).to_json() == {
+        "used": None,
+        "measured": None,
+        "datasheet": None,
+    }
