@@ -1,0 +1,268 @@
+"""Named, versioned benchmark workloads, each with a CPU size and a GPU size.
+
+A workload is a list of ``CaseSpec``\\ s: plain, JSON-ready data (sizes,
+lengths, dtype, DP rank, seed) that ``CaseSpec.scenario`` turns into a
+``harness.scenario.Scenario``, whose inputs are deterministic random values
+from the seed (never zeros). Change a workload's cases and you bump its
+``version``: results of different versions do not compare.
+
+The CPU size is the default, small enough that ``nox -s bench`` stays in a
+few minutes on two cores; the GPU size targets an H100/H200-class device
+(bf16, long contexts), while keeping the float64 CPU oracle's check of
+every case within seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import torch
+
+from harness.kv_pages import PoolLayout
+from harness.metrics import AttentionWork
+from harness.scenario import Scenario
+
+SIZES = ("cpu", "gpu")
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    """One benchmark case: a single step of one DP rank, one layer."""
+
+    name: str
+    context_lens: tuple[int, ...]
+    query_lens: tuple[int, ...]
+    num_heads: int = 32
+    num_kv_heads: int = 8
+    head_dim: int = 128
+    page_size: int = 16
+    dtype: str = "float32"
+    causal: bool = True
+    dp_size: int = 1
+    dp_rank: int = 0
+    layout: str = "shared"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if len(self.context_lens) != len(self.query_lens) or not self.context_lens:
+            raise ValueError(f"case {self.name!r}: context_lens and query_lens must match")
+        if any(not 1 <= q <= n for q, n in zip(self.query_lens, self.context_lens, strict=True)):
+            raise ValueError(f"case {self.name!r}: need 1 <= query_len <= context_len")
+        PoolLayout(self.layout)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.query_lens)
+
+    @property
+    def total_pages(self) -> int:
+        """A pool where this rank's range holds all its sequences, plus one spare page."""
+        per_rank = sum(math.ceil(n / self.page_size) for n in self.context_lens) + 1
+        return per_rank * self.dp_size
+
+    def scenario(self, device: str = "cpu") -> Scenario:
+        return Scenario(
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            page_size=self.page_size,
+            total_pages=self.total_pages,
+            num_layers=1,
+            context_lens=self.context_lens,
+            query_lens=self.query_lens,
+            dtype=self.torch_dtype,
+            causal=self.causal,
+            dp_size=self.dp_size,
+            dp_rank=self.dp_rank,
+            layout=PoolLayout(self.layout),
+            seed=self.seed,
+            device=device,
+        )
+
+    def work(self) -> AttentionWork:
+        return AttentionWork(
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            element_bytes=self.torch_dtype.itemsize,
+            query_lens=self.query_lens,
+            seq_lens=self.context_lens,
+            causal=self.causal,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["context_lens"] = list(self.context_lens)
+        data["query_lens"] = list(self.query_lens)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CaseSpec:
+        fields = dict(data)
+        fields["context_lens"] = tuple(fields["context_lens"])
+        fields["query_lens"] = tuple(fields["query_lens"])
+        return cls(**fields)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A named, versioned list of cases at a CPU size and a GPU size."""
+
+    name: str
+    version: int
+    kind: str  # decode, prefill, extend, mixed or dp-scaling
+    description: str
+    cpu: tuple[CaseSpec, ...]
+    gpu: tuple[CaseSpec, ...]
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    def cases(self, size: str) -> tuple[CaseSpec, ...]:
+        if size not in SIZES:
+            raise ValueError(f"size must be one of {SIZES}, got {size!r}")
+        return self.cpu if size == "cpu" else self.gpu
+
+
+def _seeded(workload: str, cases: list[CaseSpec]) -> tuple[CaseSpec, ...]:
+    """Give each case a seed derived from its names: stable across runs and versions."""
+    return tuple(
+        replace(c, seed=zlib.crc32(f"{workload}/{c.name}".encode()) & 0x7FFFFFFF) for c in cases
+    )
+
+
+GPU = {"dtype": "bfloat16"}
+
+
+def _decode(batch: int, contexts: tuple[int, ...], **kw: Any) -> list[CaseSpec]:
+    return [CaseSpec(f"ctx={n}", (n,) * batch, (1,) * batch, **kw) for n in contexts]
+
+
+def _prefill(shapes: tuple[tuple[int, int], ...], **kw: Any) -> list[CaseSpec]:
+    return [CaseSpec(f"len={n} x{b}", (n,) * b, (n,) * b, **kw) for b, n in shapes]
+
+
+def _extend(shapes: tuple[tuple[int, int, int], ...], **kw: Any) -> list[CaseSpec]:
+    return [CaseSpec(f"ctx={n} chunk={q} x{b}", (n,) * b, (q,) * b, **kw) for b, n, q in shapes]
+
+
+def _dp(global_seqs: int, context: int, **kw: Any) -> list[CaseSpec]:
+    """The most loaded rank's share of a fixed global decode batch, for dp_size 1..8.
+
+    That rank decides the step time; it is placed on the last rank, in a
+    per-rank pool, so its pages start at a non-zero global offset.
+    """
+    cases = []
+    for dp in range(1, 9):
+        seqs = math.ceil(global_seqs / dp)
+        cases.append(
+            CaseSpec(
+                f"dp={dp}",
+                (context,) * seqs,
+                (1,) * seqs,
+                dp_size=dp,
+                dp_rank=dp - 1,
+                layout="per_rank",
+                **kw,
+            )
+        )
+    return cases
+
+
+def _mixed(decode: int, context: int, chunk: tuple[int, int], prompt: int, **kw: Any) -> CaseSpec:
+    contexts = (context,) * decode + (chunk[0], prompt)
+    queries = (1,) * decode + (chunk[1], prompt)
+    name = f"{decode} decode@{context} + chunk {chunk[1]}/{chunk[0]} + prompt {prompt}"
+    return CaseSpec(name, contexts, queries, **kw)
+
+
+def _ragged(contexts: tuple[int, ...], **kw: Any) -> CaseSpec:
+    return CaseSpec(f"ragged decode x{len(contexts)}", contexts, (1,) * len(contexts), **kw)
+
+
+def _build() -> dict[str, Workload]:
+    specs = [
+        Workload(
+            "decode-sweep",
+            1,
+            "decode",
+            "one new token per sequence over a growing context: memory-bound KV reads",
+            _seeded("decode-sweep", _decode(4, (512, 1024, 2048, 4096))),
+            _seeded("decode-sweep", _decode(32, (1024, 2048, 4096, 8192, 16384), **GPU)),
+        ),
+        Workload(
+            "prefill-sweep",
+            1,
+            "prefill",
+            "whole prompts, causal: compute-bound, query length = context length",
+            _seeded("prefill-sweep", _prefill(((1, 128), (1, 256), (1, 512), (1, 1024)))),
+            _seeded(
+                "prefill-sweep",
+                _prefill(((8, 512), (4, 1024), (2, 2048), (1, 4096)), **GPU),
+            ),
+        ),
+        Workload(
+            "extend",
+            1,
+            "extend",
+            "chunked prefill: a chunk of new tokens on top of a cached context",
+            _seeded("extend", _extend(((2, 1024, 128), (2, 2048, 256)))),
+            _seeded("extend", _extend(((4, 8192, 512), (2, 16384, 2048)), **GPU)),
+        ),
+        Workload(
+            "mixed",
+            1,
+            "mixed",
+            "ragged batches as a scheduler builds them: decode rows, a chunk and a prompt",
+            _seeded(
+                "mixed",
+                [
+                    _mixed(6, 1024, (768, 256), 128),
+                    _ragged((100, 700, 1500, 3000, 257, 33)),
+                ],
+            ),
+            _seeded(
+                "mixed",
+                [
+                    _mixed(48, 4096, (8192, 1024), 512, **GPU),
+                    _ragged((100, 700, 1500, 3000, 9000, 16000, 257, 33) * 4, **GPU),
+                ],
+            ),
+        ),
+        Workload(
+            "dp-scaling",
+            1,
+            "dp-scaling",
+            "one rank's share of a fixed global decode batch as dp_size grows 1..8",
+            _seeded("dp-scaling", _dp(8, 1024)),
+            _seeded("dp-scaling", _dp(64, 4096, **GPU)),
+        ),
+    ]
+    return {w.name: w for w in specs}
+
+
+WORKLOADS: dict[str, Workload] = _build()
+DEFAULT_WORKLOADS: tuple[str, ...] = ("decode-sweep", "prefill-sweep", "extend", "mixed")
+
+
+def list_workloads() -> list[Workload]:
+    return list(WORKLOADS.values())
+
+
+def get_workload(name: str) -> Workload:
+    """A workload by name; ``KeyError`` lists the known ones."""
+    try:
+        return WORKLOADS[name]
+    except KeyError:
+        raise KeyError(f"Unknown workload {name!r}. Available: {', '.join(WORKLOADS)}") from None
