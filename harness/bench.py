@@ -1,0 +1,644 @@
+"""The benchmark runner: check every case against the oracle, then time it, beside its peer.
+
+For each workload case the runner builds the step once (``harness.scenario``),
+times the no-paging peer (torch SDPA over the same tokens held contiguously),
+and for each backend:
+
+1. checks capabilities (``UNSUPPORTED`` outside the claim);
+2. runs one validating instance and compares its output with the float64
+   oracle (``REJECTED_VALID`` if it refuses a valid step, ``INCORRECT_SHAPE``
+   / ``INCORRECT_NUMERICAL`` if the answer is wrong);
+3. builds the timing instance (``validate=False`` where the constructor takes
+   it), checks its first output too, then times ``prepare`` on the host
+   clock and ``forward`` on the device clock, each on its own.
+
+An incorrect backend is still timed, but its record carries the failing
+status and no metrics: a fast wrong answer is never a result. Every
+exception is caught per (case, backend), so one backend that raises leaves
+the other records intact; ``CaseTimeout`` ends a case that overruns its
+deadline (SIGALRM, main thread only).
+
+The CLI (``harness.bench_cli``) and the pytest-benchmark suites both compose
+the pieces below; neither re-implements the checking.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import gc
+import inspect
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from harness import __version__
+from harness.ceilings import RunCeilings, run_ceilings
+from harness.contract import capabilities_of
+from harness.environment import fingerprint
+from harness.errors import Unsupported
+from harness.metrics import rates, roofline
+from harness.registry import BackendEntry, DPBackendConfig, instantiate_backend
+from harness.results import FAILING_STATUSES, CaseRecord, RunRecord, TimingRecord
+from harness.scenario import StepInputs, check_outputs, make_step_inputs
+from harness.statistics import bootstrap_ratio_ci
+from harness.timing import (
+    CacheFlusher,
+    HostClock,
+    TimingConfig,
+    device_type,
+    fixed_threads,
+    measure,
+    timer_overhead,
+)
+from harness.workloads import CaseSpec, Workload
+
+PEER_NAME = "contiguous-sdpa"
+PEER_CLASS = "torch.nn.functional.scaled_dot_product_attention (contiguous [B, KV, L, D])"
+PREPARE_TIMING = TimingConfig(
+    warmup=1, min_samples=5, max_samples=50, budget_s=0.25, target_rel_ci=0.05, cold_cache=False
+)
+
+
+class CaseTimeout(BaseException):
+    """A case overran its deadline (a ``BaseException``, so ``except Exception`` keeps out)."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: float | None) -> Iterator[None]:
+    """Raise ``CaseTimeout`` in the block after ``seconds`` (main thread with SIGALRM only).
+
+    A Python-level hang is interrupted; a call stuck inside one native
+    kernel is interrupted when it returns.
+    """
+    usable = (
+        seconds is not None
+        and hasattr(signal, "setitimer")
+        and threading.current_thread() is threading.main_thread()
+    )
+    if not usable:
+        yield
+        return
+    assert seconds is not None
+
+    def expire(signum: int, frame: object) -> None:
+        raise CaseTimeout(f"exceeded the case deadline of {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def classify(exc: BaseException) -> str:
+    """The status of a case whose backend raised ``exc`` on valid input."""
+    if isinstance(exc, CaseTimeout):
+        return "TIMEOUT"
+    if isinstance(exc, Unsupported):
+        return "UNSUPPORTED"
+    if isinstance(exc, ValueError):
+        return "REJECTED_VALID"
+    return "RUNTIME_ERROR"
+
+
+def describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+# -- one case's inputs and its peer ------------------------------------------------
+
+
+@dataclass
+class PreparedCase:
+    """A workload case with its deterministic inputs on the device."""
+
+    workload: Workload
+    spec: CaseSpec
+    device: str
+    inputs: StepInputs
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.workload.key}/{self.spec.name}"
+
+    def case_id(self, backend: str) -> str:
+        return f"{self.prefix}/{backend}"
+
+    def forward_args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.inputs.queries[0], self.inputs.keys[0], self.inputs.values[0]
+
+
+def prepare_case(workload: Workload, spec: CaseSpec, device: str) -> PreparedCase:
+    return PreparedCase(workload, spec, device, make_step_inputs(spec.scenario(device)))
+
+
+@dataclass
+class _PeerGroup:
+    query: torch.Tensor  # [B, H, q, D]
+    key: torch.Tensor  # [B, KV, L, D]
+    value: torch.Tensor
+    mask: torch.Tensor | None  # [q, L], bottom-right causal, True = attend
+    is_causal: bool
+    tokens: torch.Tensor  # [B * q] query-token ids, in (b, j) order
+
+
+class ContiguousPeer:
+    """Torch SDPA over the case's tokens held contiguously: the no-paging reference point.
+
+    Sequences of equal (query, context) length share one SDPA call on
+    ``[B, KV, L, D]`` tensors (one call for the uniform sweeps), with
+    ``enable_gqa`` and an explicit bottom-right causal mask where the query
+    is shorter than the context (SDPA's ``is_causal`` is top-left aligned,
+    which matches only a square block). The timed call does the attention
+    only; ``assemble`` lays the outputs out as ``[T, H, D]`` for the check.
+    """
+
+    def __init__(self, case: PreparedCase) -> None:
+        inputs = case.inputs
+        s = inputs.scenario
+        self.scale = s.softmax_scale
+        self.gqa = s.num_heads != s.num_kv_heads
+        self.shape = tuple(inputs.queries[0].shape)
+        query = inputs.queries[0]
+        by_shape: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (q, L) -> (row, start)
+        start = 0
+        for index, row in enumerate(inputs.step.rows):
+            if row.seq_id is not None and row.query_len:
+                by_shape.setdefault((row.query_len, row.seq_len), []).append((index, start))
+            start += row.query_len
+        self.groups: list[_PeerGroup] = []
+        for (q, length), members in by_shape.items():
+            seqs = [inputs.sequences[0][index] for index, _ in members]
+            assert all(seq is not None for seq in seqs)
+            keys = torch.stack([seq.key for seq in seqs if seq is not None])
+            values = torch.stack([seq.value for seq in seqs if seq is not None])
+            queries = torch.stack([query[b : b + q] for _, b in members])
+            causal = s.causal and q > 1
+            mask = None
+            if causal and q < length:
+                mask = torch.ones(q, length, dtype=torch.bool, device=query.device)
+                mask = mask.tril(length - q)
+            tokens = [b + j for _, b in members for j in range(q)]
+            self.groups.append(
+                _PeerGroup(
+                    query=queries.transpose(1, 2).contiguous(),
+                    key=keys.transpose(1, 2).contiguous(),
+                    value=values.transpose(1, 2).contiguous(),
+                    mask=mask,
+                    is_causal=causal and q == length,
+                    tokens=torch.tensor(tokens, dtype=torch.long, device=query.device),
+                )
+            )
+
+    def __call__(self) -> list[torch.Tensor]:
+        return [
+            F.scaled_dot_product_attention(
+                g.query,
+                g.key,
+                g.value,
+                attn_mask=g.mask,
+                is_causal=g.is_causal,
+                scale=self.scale,
+                enable_gqa=self.gqa,
+            )
+            for g in self.groups
+        ]
+
+    def assemble(self, outputs: list[torch.Tensor]) -> torch.Tensor:
+        """The ``[T, H, D]`` output in token order."""
+        first = outputs[0]
+        out = torch.zeros(self.shape, dtype=first.dtype, device=first.device)
+        for group, result in zip(self.groups, outputs, strict=True):
+            out[group.tokens] = result.transpose(1, 2).reshape(-1, *self.shape[1:])
+        return out
+
+
+# -- checking a backend ------------------------------------------------------------
+
+
+@dataclass
+class Verdict:
+    """The outcome of checking one output (or one failure) of a case."""
+
+    status: str
+    error: str | None = None
+    oracle: dict[str, Any] | None = None
+
+
+def check_output(case: PreparedCase, output: object) -> Verdict:
+    """Compare one forward output with the float64 oracle via ``harness.scenario``."""
+    expected = tuple(case.inputs.queries[0].shape)
+    dtype = case.inputs.queries[0].dtype
+    if not isinstance(output, torch.Tensor):
+        return Verdict("INCORRECT_SHAPE", f"forward returned {type(output).__name__}, not a tensor")
+    if tuple(output.shape) != expected or output.dtype != dtype:
+        return Verdict(
+            "INCORRECT_SHAPE",
+            f"forward returned {tuple(output.shape)} {output.dtype}, expected {expected} {dtype}",
+        )
+    if output.device.type != torch.device(case.device).type:
+        return Verdict("INCORRECT_SHAPE", f"forward returned a tensor on {output.device}")
+    comparison = check_outputs(case.inputs, [output])[0]
+    oracle = {
+        "passed": comparison.passed,
+        "worst_ratio": comparison.worst_ratio,
+        "worst_error": comparison.worst_error,
+        "worst_bound": comparison.worst_bound,
+        "checked_tokens": comparison.checked_tokens,
+        "nonfinite": comparison.nonfinite,
+        "detail": comparison.describe(),
+    }
+    if comparison.passed:
+        return Verdict("PASSED", None, oracle)
+    return Verdict("INCORRECT_NUMERICAL", f"vs float64 oracle: {comparison.describe()}", oracle)
+
+
+def accepts_validate(cls: type) -> bool:
+    """Whether the constructor names ``validate`` (never guessed from ``**kwargs``)."""
+    try:
+        return "validate" in inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def build_backend(entry: BackendEntry, spec: CaseSpec, *, for_timing: bool) -> Any:
+    """Construct ``entry`` for ``spec``; for timing, with validation off where it can be."""
+    kwargs: dict[str, Any] = {}
+    if for_timing and accepts_validate(entry.cls):
+        kwargs["validate"] = False
+    dp = DPBackendConfig(spec.dp_size, spec.dp_rank) if entry.accepts_dp else None
+    return instantiate_backend(
+        entry.cls,
+        num_heads=spec.num_heads,
+        num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        scale=spec.scenario().softmax_scale,
+        dp_config=dp,
+        name=entry.name,
+        **kwargs,
+    )
+
+
+def unsupported_reason(entry: BackendEntry, spec: CaseSpec, device: str) -> str | None:
+    if spec.dp_size > 1 and not entry.accepts_dp:
+        return f"not DP-aware: cannot serve dp_size={spec.dp_size}"
+    return capabilities_of(entry.cls).unsupported_reason(
+        dtype=spec.torch_dtype,
+        device=device_type(device),
+        page_size=spec.page_size,
+        head_dim=spec.head_dim,
+        seq_len=max(spec.context_lens),
+        causal=spec.causal,
+        dp_size=spec.dp_size,
+    )
+
+
+@dataclass
+class CheckedBackend:
+    """A backend after its oracle check; ``timed`` is the instance to time (prepared)."""
+
+    verdict: Verdict
+    timed: Any = None
+
+    def forward_fn(self, case: PreparedCase) -> Callable[[], object]:
+        query, key, value = case.forward_args()
+        backend = self.timed
+        return lambda: backend.forward(query, key, value, 0)
+
+    def prepare_fn(self, case: PreparedCase) -> Callable[[], object]:
+        backend, metadata = self.timed, case.inputs.step.metadata
+        return lambda: backend.prepare(metadata, graph_mode=False)
+
+
+def _run_once(backend: Any, case: PreparedCase) -> object:
+    backend.bind_kv_caches(case.inputs.caches)
+    backend.prepare(case.inputs.step.metadata, graph_mode=False)
+    return backend.forward(*case.forward_args(), 0)
+
+
+def check_backend(entry: BackendEntry, case: PreparedCase) -> CheckedBackend:
+    """Steps 1-3 of the module docstring, up to (not including) the timing."""
+    try:
+        reason = unsupported_reason(entry, case.spec, case.device)
+    except TypeError as exc:  # a malformed capabilities() claim
+        return CheckedBackend(Verdict("RUNTIME_ERROR", describe(exc)))
+    if reason is not None:
+        return CheckedBackend(Verdict("UNSUPPORTED", reason))
+    try:
+        output = _run_once(build_backend(entry, case.spec, for_timing=False), case)
+    except Exception as exc:
+        return CheckedBackend(Verdict(classify(exc), describe(exc)))
+    verdict = check_output(case, output)
+    try:
+        timed = build_backend(entry, case.spec, for_timing=True)
+        first = _run_once(timed, case)
+    except Exception as exc:
+        return CheckedBackend(Verdict(classify(exc), f"timing instance: {describe(exc)}"))
+    identical = (
+        isinstance(first, torch.Tensor)
+        and isinstance(output, torch.Tensor)
+        and torch.equal(first, output)
+    )
+    if verdict.status == "PASSED" and not identical:
+        again = check_output(case, first)
+        if again.status != "PASSED":
+            again.error = f"with validate=False: {again.error}"
+            verdict = again
+    return CheckedBackend(verdict, timed)
+
+
+# -- metrics -----------------------------------------------------------------------
+
+
+def case_metrics(
+    spec: CaseSpec,
+    forward: TimingRecord,
+    ceilings: RunCeilings,
+    peer: TimingRecord | None,
+) -> tuple[dict[str, Any], list[str]]:
+    """Rates, roofline fractions and the ratio to the peer, from the forward median."""
+    work = spec.work()
+    seconds = forward.summary().median * 1e-9
+    achieved = rates(work, seconds)
+    used = ceilings.used
+    roof = roofline(
+        work,
+        seconds,
+        bandwidth=None if used is None else used.memory_bandwidth,
+        flops=None if used is None else used.flops_for(spec.dtype),
+    )
+    ratio = ratio_ci = None
+    if peer is not None:
+        ratio = forward.summary().median / peer.summary().median
+        ratio_ci = list(bootstrap_ratio_ci(forward.samples_ns, peer.samples_ns))
+    metrics = {
+        "tokens": work.num_tokens,
+        "flops": work.flops,
+        "bytes": work.bytes,
+        "arithmetic_intensity": work.arithmetic_intensity,
+        "median_s": seconds,
+        "tokens_per_s": achieved.tokens_per_s,
+        "tflops": achieved.tflops,
+        "gbps": achieved.gbps,
+        "bandwidth_fraction": roof.bandwidth_fraction,
+        "compute_fraction": roof.compute_fraction,
+        "roofline_fraction": roof.roofline_fraction,
+        "bound": roof.bound,
+        "ceiling_source": None if used is None else used.source,
+        "ratio_to_peer": ratio,
+        "ratio_to_peer_ci": ratio_ci,
+    }
+    return metrics, list(roof.flags)
+
+
+# -- the run -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Everything about a run that is not the backends and workloads."""
+
+    device: str = "cpu"
+    size: str | None = None  # workload size; default: "gpu" on CUDA, else "cpu"
+    threads: int | None = None
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    prepare_timing: TimingConfig = PREPARE_TIMING
+    case_timeout_s: float | None = 600.0
+    probe_ceilings: bool = True
+
+    @property
+    def workload_size(self) -> str:
+        if self.size is not None:
+            return self.size
+        return "gpu" if device_type(self.device) == "cuda" else "cpu"
+
+
+ProgressFn = Callable[[int, int, str], None]
+
+
+class _Runner:
+    def __init__(
+        self,
+        config: BenchConfig,
+        ceilings: RunCeilings,
+        flusher: Callable[[], None] | None,
+        progress: ProgressFn,
+        total: int,
+    ) -> None:
+        self.config = config
+        self.ceilings = ceilings
+        self.flusher = flusher
+        self.progress = progress
+        self.total = total
+        self.done = 0
+        self.records: list[CaseRecord] = []
+
+    def _tick(self, label: str) -> None:
+        self.done += 1
+        self.progress(self.done, self.total, label)
+
+    def _time_forward(self, fn: Callable[[], object]) -> TimingRecord:
+        m = measure(
+            fn,
+            device=self.config.device,
+            config=self.config.timing,
+            flusher=self.flusher,
+        )
+        return TimingRecord.from_measurement(m)
+
+    def _time_prepare(self, fn: Callable[[], object]) -> TimingRecord:
+        is_cuda = device_type(self.config.device) == "cuda"
+        setup = (lambda: torch.cuda.synchronize()) if is_cuda else None
+        m = measure(
+            fn,
+            device=self.config.device,
+            config=self.config.prepare_timing,
+            clock=HostClock(),
+            flusher=setup,
+        )
+        return TimingRecord.from_measurement(m)
+
+    def _record(self, case: PreparedCase, backend: str, status: str, **kw: Any) -> CaseRecord:
+        record = CaseRecord(
+            id=case.case_id(backend),
+            role="peer" if backend == PEER_NAME else "backend",
+            backend=backend,
+            workload=case.workload.name,
+            workload_version=case.workload.version,
+            case=case.spec.name,
+            spec=case.spec.to_json(),
+            status=status,
+            **kw,
+        )
+        self.records.append(record)
+        return record
+
+    def _finish(self, record: CaseRecord, case: PreparedCase, peer: CaseRecord | None) -> None:
+        if not record.valid or record.forward is None:
+            return
+        peer_forward = peer.forward if peer is not None and peer.valid else None
+        record.metrics, flags = case_metrics(case.spec, record.forward, self.ceilings, peer_forward)
+        record.flags.extend(flags)
+
+    def run_peer(self, case: PreparedCase) -> CaseRecord:
+        timings: dict[str, TimingRecord] = {}
+        try:
+            with deadline(self.config.case_timeout_s):
+                peer = ContiguousPeer(case)
+                verdict = check_output(case, peer.assemble(peer()))
+                timings["forward"] = self._time_forward(peer)
+        except CaseTimeout as exc:
+            verdict, timings = Verdict("TIMEOUT", f"peer: {describe(exc)}"), {}
+        except Exception as exc:  # the harness's own peer failed: say so, keep going
+            verdict, timings = Verdict("RUNTIME_ERROR", f"peer: {describe(exc)}"), {}
+        record = self._record(
+            case,
+            PEER_NAME,
+            verdict.status,
+            backend_class=PEER_CLASS,
+            error=verdict.error,
+            oracle=verdict.oracle,
+            **timings,
+        )
+        self._finish(record, case, None)
+        self._tick(f"{case.prefix} {PEER_NAME}")
+        return record
+
+    def run_backend(self, entry: BackendEntry, case: PreparedCase, peer: CaseRecord) -> None:
+        backend_class = f"{entry.cls.__module__}.{entry.cls.__qualname__}"
+        timings: dict[str, TimingRecord] = {}
+        try:
+            with deadline(self.config.case_timeout_s):
+                checked = check_backend(entry, case)
+                verdict = checked.verdict
+                if checked.timed is not None:
+                    timings["prepare"] = self._time_prepare(checked.prepare_fn(case))
+                    timings["forward"] = self._time_forward(checked.forward_fn(case))
+        except CaseTimeout as exc:
+            verdict, timings = Verdict("TIMEOUT", describe(exc)), {}
+        except Exception as exc:  # raised while timing: its samples are not a result
+            verdict, timings = Verdict(classify(exc), f"during timing: {describe(exc)}"), {}
+        record = self._record(
+            case,
+            entry.name,
+            verdict.status,
+            backend_class=backend_class,
+            error=verdict.error,
+            oracle=verdict.oracle,
+            peer=peer.id,
+            **timings,
+        )
+        if verdict.status != "PASSED" and "forward" in timings:
+            record.flags.append(f"timed, but {verdict.status}: this time is not a valid result")
+        self._finish(record, case, peer)
+        self._tick(f"{case.prefix} {entry.name}")
+
+    def run_case(
+        self, workload: Workload, spec: CaseSpec, backends: Sequence[BackendEntry]
+    ) -> None:
+        try:
+            case = prepare_case(workload, spec, self.config.device)
+        except Exception as exc:  # e.g. out of memory: every record of this case says so
+            for name in [PEER_NAME, *(b.name for b in backends)]:
+                self.records.append(
+                    CaseRecord(
+                        id=f"{workload.key}/{spec.name}/{name}",
+                        role="peer" if name == PEER_NAME else "backend",
+                        backend=name,
+                        workload=workload.name,
+                        workload_version=workload.version,
+                        case=spec.name,
+                        spec=spec.to_json(),
+                        status="RUNTIME_ERROR",
+                        error=f"building the case's inputs failed: {describe(exc)}",
+                    )
+                )
+                self._tick(f"{workload.key}/{spec.name} {name}")
+            return
+        peer = self.run_peer(case)
+        for entry in backends:
+            self.run_backend(entry, case, peer)
+        del case
+        gc.collect()
+        if device_type(self.config.device) == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def run_benchmarks(
+    backends: Sequence[BackendEntry],
+    workloads: Sequence[Workload],
+    config: BenchConfig | None = None,
+    *,
+    progress: ProgressFn | None = None,
+    command: Sequence[str] | None = None,
+) -> RunRecord:
+    """Run every (case, backend) of ``workloads`` and return the run's record."""
+    config = config or BenchConfig()
+    size = config.workload_size
+    plan = [(w, spec) for w in workloads for spec in w.cases(size)]
+    dtypes = tuple(dict.fromkeys(spec.torch_dtype for _, spec in plan))
+    with fixed_threads(config.threads) as threads:
+        environment = fingerprint(config.device, threads=threads)
+        overhead = timer_overhead(config.device)
+        ceilings = run_ceilings(
+            config.device,
+            dtypes=dtypes or (torch.float32,),
+            measure_probe=config.probe_ceilings,
+        )
+        flusher = CacheFlusher(config.device) if config.timing.cold_cache else None
+        runner = _Runner(
+            config,
+            ceilings,
+            flusher,
+            progress or (lambda done, total, label: None),
+            total=len(plan) * (len(backends) + 1),
+        )
+        for workload, spec in plan:
+            runner.run_case(workload, spec, backends)
+    return RunRecord(
+        created=_now(),
+        tool={"name": "attn-harness bench", "version": __version__, "command": list(command or [])},
+        environment=environment,
+        ceilings=ceilings.to_json(),
+        timing={
+            "device": config.device,
+            "clock": overhead.clock,
+            "threads": threads,
+            "cold_cache": config.timing.cold_cache,
+            "cuda_graph": config.timing.cuda_graph,
+            "flush_bytes": getattr(flusher, "nbytes", 0),
+            "config": asdict(config.timing),
+            "prepare_config": asdict(config.prepare_timing),
+            "case_timeout_s": config.case_timeout_s,
+            "overhead": TimingRecord.from_measurement(overhead).to_json(),
+        },
+        workloads=[
+            {
+                "name": w.name,
+                "version": w.version,
+                "size": size,
+                "kind": w.kind,
+                "description": w.description,
+            }
+            for w in workloads
+        ],
+        cases=runner.records,
+    )
+
+
+def failed(record: RunRecord) -> bool:
+    """A run fails when any case failed, or when nothing at all passed."""
+    statuses = [c.status for c in record.cases]
+    return any(s in FAILING_STATUSES for s in statuses) or "PASSED" not in statuses

@@ -1,0 +1,309 @@
+"""The benchmark runner and ``attn-harness bench``: statuses, peers, metrics, usage errors.
+
+Tiny workloads and five samples per timing keep this file fast; nothing
+here asserts a timing, only what is recorded and how failures are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+import harness.bench as bench
+import harness.registry as registry
+from harness.bench import (
+    PEER_NAME,
+    BenchConfig,
+    ContiguousPeer,
+    build_backend,
+    failed,
+    prepare_case,
+    run_benchmarks,
+)
+from harness.bench_cli import add_bench_command
+from harness.ceilings import Ceilings, RunCeilings
+from harness.registry import BackendEntry, BackendRegistry
+from harness.results import load_results
+from harness.timing import TimingConfig
+from harness.workloads import WORKLOADS, CaseSpec, Workload
+from reference_backends import ReferenceBackend, SdpaBackend
+from tests.fixtures import bench_backends as fx
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "bench_backends.py"
+SMALL = dict(num_heads=4, num_kv_heads=2, head_dim=16, page_size=4)
+TINY_CASES = (
+    CaseSpec("decode", (9, 5, 13), (1, 1, 1), seed=1, **SMALL),
+    CaseSpec("prefill", (6, 3), (6, 3), seed=2, **SMALL),
+    CaseSpec("extend", (11, 8), (4, 8), seed=3, **SMALL),
+    CaseSpec("mixed", (1, 13, 8, 21, 6), (1, 13, 3, 1, 6), seed=4, **SMALL),
+    CaseSpec("dp=3", (7, 9), (1, 1), dp_size=3, dp_rank=2, layout="per_rank", seed=5, **SMALL),
+)
+TINY = Workload("tiny", 1, "mixed", "tests only", TINY_CASES, TINY_CASES)
+ONE = Workload("one", 2, "decode", "tests only", TINY_CASES[:1], TINY_CASES[:1])
+FAST = TimingConfig(warmup=1, min_samples=5, max_samples=5, cold_cache=False)
+CONFIG = BenchConfig(timing=FAST, prepare_timing=FAST, probe_ceilings=False)
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch):
+    """Tiny workloads by name, a fresh registry without real entry points."""
+    monkeypatch.setitem(WORKLOADS, "tiny", TINY)
+    monkeypatch.setitem(WORKLOADS, "one", ONE)
+    monkeypatch.setattr(registry, "entry_points", lambda *, group: [])
+    monkeypatch.setattr(registry, "_DEFAULT", BackendRegistry())
+
+
+def entry(cls: type, name: str | None = None) -> BackendEntry:
+    return BackendEntry(name or cls.__name__, cls, "test")
+
+
+def by_backend(record, name):
+    return [c for c in record.cases if c.backend == name]
+
+
+# -- the runner ----------------------------------------------------------------------
+
+
+def test_builtins_pass_every_tiny_case_with_peer_metrics_and_raw_samples():
+    record = run_benchmarks(
+        [entry(SdpaBackend, "sdpa"), entry(ReferenceBackend, "ref")], [TINY], CONFIG
+    )
+    assert len(record.cases) == 3 * len(TINY_CASES)
+    assert {c.status for c in record.cases} == {"PASSED"}, [c.error for c in record.cases]
+    assert not failed(record)
+    for c in record.cases:
+        assert len(c.forward.samples_ns) >= 5
+        assert c.oracle["passed"]
+        assert c.metrics["tokens"] == sum(CaseSpec.from_json(c.spec).query_lens)
+        if c.role == "peer":
+            assert c.backend == PEER_NAME
+            assert c.prepare is None
+            assert c.metrics["ratio_to_peer"] is None
+        else:
+            assert c.peer == f"tiny@1/{c.case}/{PEER_NAME}"
+            assert len(c.prepare.samples_ns) >= 5
+            low, high = c.metrics["ratio_to_peer_ci"]
+            assert low <= c.metrics["ratio_to_peer"] <= high
+    assert record.timing["threads"] >= 1
+    assert len(record.timing["overhead"]["samples_ns"]) == 50
+    assert record.environment["threads"] == record.timing["threads"]
+
+
+def test_peer_uses_one_sdpa_call_per_shape_and_a_bottom_right_mask():
+    case = prepare_case(TINY, TINY_CASES[3], "cpu")  # mixed: five different (q, L)
+    peer = ContiguousPeer(case)
+    assert len(peer.groups) == 5
+    extend = next(g for g in peer.groups if g.query.shape[2] == 3)  # q=3 of L=8
+    assert extend.mask is not None
+    assert extend.mask.shape == (3, 8)
+    assert extend.mask[0].tolist() == [True] * 6 + [False] * 2  # position 5 sees 0..5
+    prompt = next(g for g in peer.groups if g.query.shape[2] == 13)
+    assert prompt.is_causal
+    assert prompt.mask is None
+    assert bench.check_output(case, peer.assemble(peer())).status == "PASSED"
+
+
+def test_incorrect_backend_is_reported_and_its_time_is_not_a_result():
+    record = run_benchmarks(
+        [entry(fx.ScaledOutputBackend), entry(SdpaBackend, "sdpa")], [ONE], CONFIG
+    )
+    (bad,) = by_backend(record, "ScaledOutputBackend")
+    assert bad.status == "INCORRECT_NUMERICAL"
+    assert "oracle" in bad.error
+    assert not bad.oracle["passed"]
+    assert not bad.valid
+    assert bad.metrics is None
+    assert len(bad.forward.samples_ns) >= 5  # timed, yet flagged as not a valid result
+    assert any("not a valid result" in f for f in bad.flags)
+    assert by_backend(record, "sdpa")[0].status == "PASSED"
+    assert failed(record)
+
+
+def test_backend_raising_mid_run_is_a_runtime_error_and_the_others_are_recorded():
+    backends = [entry(fx.RaisesMidRunBackend), entry(SdpaBackend, "sdpa")]
+    record = run_benchmarks(backends, [TINY], CONFIG)
+    for c in by_backend(record, "RaisesMidRunBackend"):
+        assert c.status == "RUNTIME_ERROR"
+        assert "during timing: RuntimeError: device lost" in c.error
+        assert c.forward is None
+        assert c.metrics is None
+    assert {c.status for c in by_backend(record, "sdpa")} == {"PASSED"}
+    assert {c.status for c in by_backend(record, PEER_NAME)} == {"PASSED"}
+
+
+@pytest.mark.parametrize(
+    ("cls", "status", "message"),
+    [
+        (fx.RefusesBackend, "UNSUPPORTED", "supports no batch"),
+        (fx.RejectsBackend, "REJECTED_VALID", "block_table"),
+        (fx.WrongShapeBackend, "INCORRECT_SHAPE", "expected (3, 4, 16)"),
+        (fx.Bf16OnlyBackend, "UNSUPPORTED", "dtype torch.float32"),
+    ],
+)
+def test_each_failure_gets_its_status(cls, status, message):
+    record = run_benchmarks([entry(cls)], [ONE], CONFIG)
+    (c,) = by_backend(record, cls.__name__)
+    assert c.status == status
+    assert message in c.error
+    assert c.metrics is None
+
+
+def test_non_dp_backend_is_unsupported_for_dp_cases_only():
+    record = run_benchmarks([entry(fx.NonDPBackend)], [TINY], CONFIG)
+    statuses = {c.case: c.status for c in by_backend(record, "NonDPBackend")}
+    assert statuses.pop("dp=3") == "UNSUPPORTED"
+    assert set(statuses.values()) == {"PASSED"}
+
+
+def test_a_hanging_backend_times_out(monkeypatch):
+    config = BenchConfig(timing=FAST, prepare_timing=FAST, probe_ceilings=False, case_timeout_s=0.3)
+    record = run_benchmarks([entry(fx.SlowBackend), entry(SdpaBackend, "sdpa")], [ONE], config)
+    (slow,) = by_backend(record, "SlowBackend")
+    assert slow.status == "TIMEOUT"
+    assert "0.3 s" in slow.error
+    assert by_backend(record, "sdpa")[0].status == "PASSED"
+
+
+def test_validate_false_only_where_the_constructor_takes_it():
+    spec = TINY_CASES[0]
+    assert build_backend(entry(SdpaBackend), spec, for_timing=True).validate is False
+    assert build_backend(entry(SdpaBackend), spec, for_timing=False).validate is True
+    fx.KwargsOnlyBackend.seen.clear()
+    record = run_benchmarks([entry(fx.KwargsOnlyBackend)], [ONE], CONFIG)
+    assert by_backend(record, "KwargsOnlyBackend")[0].status == "PASSED"
+    assert all("validate" not in kw for kw in fx.KwargsOnlyBackend.seen)
+
+
+def test_the_timed_instance_is_checked_too():
+    record = run_benchmarks([entry(fx.WrongWithoutValidationBackend)], [ONE], CONFIG)
+    (c,) = by_backend(record, "WrongWithoutValidationBackend")
+    assert c.status == "INCORRECT_NUMERICAL"
+    assert "validate=False" in c.error
+
+
+def test_rates_above_the_ceiling_are_flagged(monkeypatch):
+    tiny = Ceilings("measured", "fake", 1.0, {"float32": 1.0})  # 1 byte/s, 1 FLOP/s
+    monkeypatch.setattr(bench, "run_ceilings", lambda *a, **k: RunCeilings(tiny, None))
+    record = run_benchmarks([entry(SdpaBackend, "sdpa")], [ONE], CONFIG)
+    for c in record.cases:
+        assert c.metrics["bandwidth_fraction"] > 1
+        assert c.metrics["ceiling_source"] == "measured"
+        assert any("measurement error" in f for f in c.flags)
+
+
+def test_nothing_passing_is_a_failed_run():
+    record = run_benchmarks([entry(fx.RefusesBackend)], [ONE], CONFIG)
+    assert failed(record) is False  # the peer passed
+    record.cases = [c for c in record.cases if c.role == "backend"]
+    assert failed(record) is True
+
+
+# -- the command line ------------------------------------------------------------------
+
+
+def _bench_parser() -> argparse.ArgumentParser:
+    """``harness.cli``'s parser once ``bench`` is wired into it, else bench_cli's own."""
+    from harness import cli
+
+    parser = cli.build_parser()
+    subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if subparsers and "bench" in subparsers[0].choices:
+        return parser
+    parser = argparse.ArgumentParser(prog="attn-harness")
+    add_bench_command(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+def cli(*argv: str) -> int:
+    args = _bench_parser().parse_args(["bench", *argv])
+    return int(args.func(args))
+
+
+QUICK = ("--no-probe", "--warm-cache", "--no-progress", "--max-samples", "5", "--budget", "0.01")
+
+
+def test_cli_lists_workloads():
+    assert cli("--list-workloads") == 0
+
+
+def test_cli_list_output(capsys):
+    cli("--list-workloads")
+    out = capsys.readouterr().out
+    for name in ("decode-sweep", "prefill-sweep", "extend", "mixed", "dp-scaling"):
+        assert name in out
+
+
+def test_cli_run_writes_a_loadable_file_and_prints_a_table(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    code = cli("--backend", "sdpa", "--workload", "one", "--out", str(out), *QUICK)
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    record = load_results(out)
+    assert [c.backend for c in record.cases] == [PEER_NAME, "sdpa"]
+    assert "PASSED" in printed.out
+    assert "x peer" in printed.out
+    assert f"results written to {out}" in printed.out
+
+
+def test_cli_incorrect_backend_exits_1_and_still_saves_every_case(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    spec = f"{FIXTURES}:ScaledOutputBackend"
+    code = cli(
+        "--backend", spec, "--backend", "sdpa", "--workload", "one", "--out", str(out), *QUICK
+    )
+    assert code == 1
+    statuses = {c.backend: c.status for c in load_results(out).cases}
+    assert statuses == {PEER_NAME: "PASSED", spec: "INCORRECT_NUMERICAL", "sdpa": "PASSED"}
+    assert "INCORRECT_NUMERICAL" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--workload", "nope"), "Unknown workload 'nope'"),
+        (("--backend", "nope"), "Unknown attention backend 'nope'"),
+        (("--backend", "no/such/file.py:Cls"), "does not exist"),
+        (("--min-samples", "9", "--max-samples", "5"), "--max-samples (5) is below"),
+        (("--out", "{tmp}/missing/r.json"), "does not exist"),
+        (("--out", "{tmp}"), "is a directory"),
+    ],
+)
+def test_cli_usage_errors_exit_2_before_running_and_write_nothing(
+    tmp_path, capsys, monkeypatch, argv, message
+):
+    monkeypatch.setattr(bench, "run_benchmarks", pytest.fail)  # nothing may run
+    argv = tuple(a.replace("{tmp}", str(tmp_path)) for a in argv)
+    has_out = "--out" in argv
+    out_args = () if has_out else ("--out", str(tmp_path / "r.json"))
+    assert cli("--workload", "one", *argv, *out_args) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_cuda_without_a_device_is_a_usage_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert cli("--device", "cuda", "--out", str(tmp_path / "r.json")) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_bad_numbers_are_argparse_usage_errors(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli("--threads", "0")
+    assert exc.value.code == 2
+    assert "must be >= 1" in capsys.readouterr().err
+
+
+def test_results_json_is_plain_json(tmp_path):
+    out = tmp_path / "r.json"
+    cli("--backend", "reference", "--workload", "one", "--out", str(out), *QUICK)
+    data = json.loads(out.read_text())
+    assert data["schema_version"] == 1
+    assert data["workloads"] == [
+        {"name": "one", "version": 2, "size": "cpu", "kind": "decode", "description": "tests only"}
+    ]
