@@ -36,7 +36,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         choices=PROFILES,
         default="ci",
         help="ci: derandomized and bounded (default); thorough: random, more and larger "
-        "examples; kill: ci without shrinking",
+        "examples; kill: fewer examples, no shrinking (mutation testing)",
     )
     group.addoption(
         "--conformance-device",

@@ -17,10 +17,18 @@ import torch
 
 from harness.contract import LayerCache
 from harness.errors import Unsupported
-from harness.kv_pages import PagePool, PoolLayout, dp_page_range, make_layer_caches
+from harness.kv_pages import PoolLayout, dp_page_range
 from harness.oracle import naive_attention, oracle_attention
-from harness.registry import BackendEntry, DPBackendConfig, instantiate_backend
-from harness.scenario import Scenario, StepInputs, check_outputs, make_step_inputs
+from harness.registry import BackendEntry
+from harness.scenario import (
+    Scenario,
+    StepInputs,
+    backend_for,
+    check_outputs,
+    make_step_inputs,
+    scenario_caches,
+    scenario_pool,
+)
 from harness.tolerance import error_bound
 
 
@@ -31,18 +39,6 @@ class PropertyFailure(AssertionError):
 def fail(prop: str, entry: BackendEntry, scenario: Scenario | None, detail: str) -> PropertyFailure:
     where = f"\n  scenario: {scenario.describe()}" if scenario is not None else ""
     return PropertyFailure(f"{prop} violated by backend {entry.name!r}{where}\n  {detail}")
-
-
-def new_backend(entry: BackendEntry, scenario: Scenario) -> Any:
-    return instantiate_backend(
-        entry.cls,
-        num_heads=scenario.num_heads,
-        num_kv_heads=scenario.num_kv_heads,
-        head_dim=scenario.head_dim,
-        scale=scenario.softmax_scale,
-        dp_config=DPBackendConfig(scenario.dp_size, scenario.dp_rank),
-        name=entry.name,
-    )
 
 
 def bits(tensor: torch.Tensor) -> torch.Tensor:
@@ -75,7 +71,7 @@ def bound_backend(
 ) -> Any:
     """A new backend for ``inputs``' rank, bound to its caches and (by default) prepared."""
     s = inputs.scenario
-    backend = _call(prop, entry, s, new_backend, entry, s)
+    backend = _call(prop, entry, s, backend_for, entry, s)
     _call(prop, entry, s, backend.bind_kv_caches, inputs.caches)
     if prepare:
         _call(prop, entry, s, backend.prepare, inputs.step.metadata, graph_mode=s.graph_mode)
@@ -152,20 +148,8 @@ def _run_ranks_together(
 ) -> list[tuple[StepInputs, list[torch.Tensor]]]:
     """Every rank in one pool: shared layout binds one set of tensors for all of them."""
     first = ranks[0]
-    pool = PagePool(
-        first.total_pages, first.dp_size, shuffle_seed=first.seed if first.shuffle_pages else None
-    )
-    shared = None
-    if first.layout is PoolLayout.SHARED:
-        shared = make_layer_caches(
-            num_layers=first.num_layers,
-            total_pages=first.total_pages,
-            page_size=first.page_size,
-            num_kv_heads=first.num_kv_heads,
-            head_dim=first.head_dim,
-            dtype=first.dtype,
-            device=first.device,
-        )
+    pool = scenario_pool(first)
+    shared = scenario_caches(first) if first.layout is PoolLayout.SHARED else None
     all_inputs = [make_step_inputs(s, pool=pool, caches=shared) for s in ranks]
     backends = [bound_backend(prop, entry, inputs) for inputs in all_inputs]
     outputs: list[list[torch.Tensor]] = [[] for _ in ranks]
@@ -198,7 +182,7 @@ def check_ranks_together_equal_alone(entry: BackendEntry, ranks: Sequence[Scenar
 # -- 3. canary ----------------------------------------------------------------------------
 
 
-def _changed_slots(
+def changed_slots(
     caches: list[LayerCache], before: list[tuple[torch.Tensor, torch.Tensor]]
 ) -> list[set[int]]:
     changed = []
@@ -223,7 +207,7 @@ def check_only_mapped_slots_change(entry: BackendEntry, scenario: Scenario) -> N
     for layer in range(s.num_layers):
         before = [(bits(c.key), bits(c.value)) for c in inputs.caches]
         forward_layer(prop, entry, inputs, backend, layer)
-        for other, rows in enumerate(_changed_slots(inputs.caches, before)):
+        for other, rows in enumerate(changed_slots(inputs.caches, before)):
             expect = mapped if other == layer else set()
             if rows != expect:
                 extra, missing = sorted(rows - expect)[:8], sorted(expect - rows)[:8]
@@ -265,7 +249,7 @@ def check_rejects_foreign_pages(entry: BackendEntry, scenario: Scenario) -> None
         f"rank {other.dp_rank}'s pages",
         lambda: backend.prepare(foreign, graph_mode=victim.graph_mode),
     )
-    if any(_changed_slots(inputs.caches, before)):
+    if any(changed_slots(inputs.caches, before)):
         raise fail(prop, entry, victim, "rejected prepare wrote to the cache")
 
 
@@ -296,40 +280,21 @@ def check_bind_rejects_unbound_range(entry: BackendEntry, scenario: Scenario) ->
     prop = "bind_kv_caches rejects caches that do not hold the rank's pages"
     other = (scenario.dp_rank + 1) % scenario.dp_size
     s = replace(scenario, layout=PoolLayout.PER_RANK)
-    caches = make_layer_caches(
-        num_layers=s.num_layers,
-        total_pages=s.total_pages,
-        page_size=s.page_size,
-        num_kv_heads=s.num_kv_heads,
-        head_dim=s.head_dim,
-        dtype=s.dtype,
-        device=s.device,
-        layout=PoolLayout.PER_RANK,
-        dp_size=s.dp_size,
-        dp_rank=other,
-    )
-    backend = _call(prop, entry, s, new_backend, entry, s)
+    caches = scenario_caches(s, dp_rank=other)
+    backend = _call(prop, entry, s, backend_for, entry, s)
     if dp_page_range(s.total_pages, s.dp_size, other) != dp_page_range(
         s.total_pages, s.dp_size, s.dp_rank
     ):
         _expect_value_error(
             prop, entry, s, f"rank {other}'s per-rank cache", lambda: backend.bind_kv_caches(caches)
         )
-    wrong = make_layer_caches(
-        num_layers=s.num_layers,
-        total_pages=s.total_pages,
-        page_size=s.page_size,
-        num_kv_heads=s.num_kv_heads + 1,
-        head_dim=s.head_dim,
-        dtype=s.dtype,
-        device=s.device,
-    )
+    wrong = scenario_caches(s, layout=PoolLayout.SHARED, num_kv_heads=s.num_kv_heads + 1)
     _expect_value_error(
         prop,
         entry,
         s,
         "a cache with num_kv_heads + 1",
-        lambda: new_backend(entry, s).bind_kv_caches(wrong),
+        lambda: backend_for(entry, s).bind_kv_caches(wrong),
     )
 
 

@@ -16,8 +16,8 @@ import torch
 from harness.contract import Capabilities
 from harness.errors import Unsupported
 from harness.kv_pages import PoolLayout
-from harness.registry import BackendEntry, DPBackendConfig, instantiate_backend
-from harness.scenario import Scenario, check_outputs, run_scenario
+from harness.registry import BackendEntry
+from harness.scenario import Scenario, backend_for, check_outputs, run_scenario
 
 BATCHES: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "decode": ((7, 12, 1, 20), (1, 1, 1, 1)),
@@ -84,19 +84,8 @@ def run_quick_check(entry: BackendEntry) -> list[CaseResult]:
             results.append(CaseResult(entry.name, case, "UNSUPPORTED", "not DP-aware"))
             continue
 
-        def factory(s: Scenario) -> object:
-            return instantiate_backend(
-                entry.cls,
-                num_heads=s.num_heads,
-                num_kv_heads=s.num_kv_heads,
-                head_dim=s.head_dim,
-                scale=s.softmax_scale,
-                dp_config=DPBackendConfig(s.dp_size, s.dp_rank),
-                name=entry.name,
-            )
-
         try:
-            inputs, outputs = run_scenario(factory, scenario)  # type: ignore[arg-type]
+            inputs, outputs = run_scenario(lambda s: backend_for(entry, s), scenario)
             checks = check_outputs(inputs, outputs)
         except Unsupported as exc:
             results.append(CaseResult(entry.name, case, "UNSUPPORTED", str(exc)))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -19,6 +20,7 @@ from harness.batches import BatchBuilder, Step
 from harness.contract import AttentionBackend, LayerCache
 from harness.kv_pages import PagePool, PoolLayout, make_layer_caches, token_slots, write_tokens
 from harness.oracle import SequenceKV, naive_attention, oracle_attention
+from harness.registry import BackendEntry, DPBackendConfig, instantiate_backend
 from harness.tolerance import Comparison, compare
 
 
@@ -159,6 +161,43 @@ def _build_step(s: Scenario, pool: PagePool) -> Step:
     )
 
 
+def scenario_pool(scenario: Scenario) -> PagePool:
+    """The page pool of the scenario's DP group (shuffled when it says so)."""
+    seed = scenario.seed if scenario.shuffle_pages else None
+    return PagePool(scenario.total_pages, scenario.dp_size, shuffle_seed=seed)
+
+
+def scenario_caches(scenario: Scenario, **overrides: Any) -> list[LayerCache]:
+    """NaN-filled caches of the scenario's rank in its layout; overrides for negative tests."""
+    s = scenario
+    args: dict[str, Any] = dict(
+        num_layers=s.num_layers,
+        total_pages=s.total_pages,
+        page_size=s.page_size,
+        num_kv_heads=s.num_kv_heads,
+        head_dim=s.head_dim,
+        dtype=s.dtype,
+        device=s.device,
+        layout=s.layout,
+        dp_size=s.dp_size,
+        dp_rank=s.dp_rank,
+    )
+    return make_layer_caches(**(args | overrides))
+
+
+def backend_for(entry: BackendEntry, scenario: Scenario) -> Any:
+    """A new instance of ``entry`` for the scenario's heads, scale and DP rank."""
+    return instantiate_backend(
+        entry.cls,
+        num_heads=scenario.num_heads,
+        num_kv_heads=scenario.num_kv_heads,
+        head_dim=scenario.head_dim,
+        scale=scenario.softmax_scale,
+        dp_config=DPBackendConfig(scenario.dp_size, scenario.dp_rank),
+        name=entry.name,
+    )
+
+
 def make_step_inputs(
     scenario: Scenario, *, pool: PagePool | None = None, caches: list[LayerCache] | None = None
 ) -> StepInputs:
@@ -170,22 +209,9 @@ def make_step_inputs(
     s = scenario
     if len(s.context_lens) != len(s.query_lens) or not s.context_lens:
         raise ValueError("context_lens and query_lens must be non-empty and of equal length")
-    if pool is None:
-        pool = PagePool(s.total_pages, s.dp_size, shuffle_seed=s.seed if s.shuffle_pages else None)
-    step = _build_step(s, pool)
+    step = _build_step(s, pool if pool is not None else scenario_pool(s))
     if caches is None:
-        caches = make_layer_caches(
-            num_layers=s.num_layers,
-            total_pages=s.total_pages,
-            page_size=s.page_size,
-            num_kv_heads=s.num_kv_heads,
-            head_dim=s.head_dim,
-            dtype=s.dtype,
-            device=s.device,
-            layout=s.layout,
-            dp_size=s.dp_size,
-            dp_rank=s.dp_rank,
-        )
+        caches = scenario_caches(s)
     gen = torch.Generator().manual_seed(s.seed)
     inputs = StepInputs(s, step, caches, [], [], [])
     shared_tokens = s.shared_pages * s.page_size

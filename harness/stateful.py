@@ -9,7 +9,7 @@ only that step's slots changed, in that layer, anywhere in the bound pool.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -20,11 +20,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from harness.batches import BatchBuilder
 from harness.contract import LayerCache
 from harness.errors import OutOfPages
-from harness.kv_pages import PagePool, PoolLayout, make_layer_caches
+from harness.kv_pages import PagePool, PoolLayout
 from harness.oracle import SequenceKV, naive_attention, oracle_attention
-from harness.properties import PropertyFailure, bits, new_backend
+from harness.properties import PropertyFailure, bits, changed_slots
 from harness.registry import BackendEntry
-from harness.scenario import Scenario
+from harness.scenario import Scenario, backend_for, scenario_caches
 from harness.strategies import Budget, geometries
 from harness.tolerance import compare
 
@@ -72,45 +72,18 @@ def conformance_machine(
             self.geometry = g = geometry
             total = per_rank * dp_size + extra % dp_size
             self.pool = PagePool(total, dp_size, shuffle_seed=0 if shuffle else None)
-            shared = None
-            if layout is PoolLayout.SHARED:
-                shared = self._caches(total, layout, dp_size, 0)
+            group = replace(g, total_pages=total, dp_size=dp_size, layout=layout)
+            shared = scenario_caches(group) if layout is PoolLayout.SHARED else None
             self.gen = torch.Generator().manual_seed(total)
             for rank in range(dp_size):
-                caches = shared or self._caches(total, layout, dp_size, rank)
-                backend = new_backend(
-                    entry,
-                    Scenario(
-                        num_heads=g.num_heads,
-                        num_kv_heads=g.num_kv_heads,
-                        head_dim=g.head_dim,
-                        scale=g.scale,
-                        dp_size=dp_size,
-                        dp_rank=rank,
-                    ),
-                )
+                member = replace(group, dp_rank=rank)
+                caches = shared or scenario_caches(member)
+                backend = backend_for(entry, member)
                 backend.bind_kv_caches(caches)
                 self.ranks.append(Rank(backend, BatchBuilder(self.pool, rank, g.page_size), caches))
             note(
                 f"geometry: {g.describe()}; pool {total} pages, dp_size {dp_size}, "
                 f"{layout.value}{', shuffled' if shuffle else ''}"
-            )
-
-        def _caches(
-            self, total: int, layout: PoolLayout, dp_size: int, rank: int
-        ) -> list[LayerCache]:
-            g = self.geometry
-            return make_layer_caches(
-                num_layers=g.num_layers,
-                total_pages=total,
-                page_size=g.page_size,
-                num_kv_heads=g.num_kv_heads,
-                head_dim=g.head_dim,
-                dtype=g.dtype,
-                device=g.device,
-                layout=layout,
-                dp_size=dp_size,
-                dp_rank=rank,
             )
 
         def _random(self, shape: tuple[int, ...], magnitude: float = 1.0) -> torch.Tensor:
@@ -231,12 +204,7 @@ def conformance_machine(
             layer: int,
             mapped: set[int],
         ) -> None:
-            for index, (cache, (key, value)) in enumerate(zip(rank.caches, before, strict=True)):
-                changed: set[int] = set()
-                for now, old in ((cache.key, key), (cache.value, value)):
-                    diff = (bits(now) != old).flatten(0, 1).flatten(1).any(-1)
-                    base = cache.page_offset * cache.page_size
-                    changed |= {base + r for r in diff.nonzero().flatten().tolist()}
+            for index, changed in enumerate(changed_slots(rank.caches, before)):
                 expect = mapped if index == layer else set()
                 if changed != expect:
                     raise PropertyFailure(

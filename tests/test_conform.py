@@ -29,7 +29,7 @@ def conform(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_builtin_passes_every_property():
-    result = conform("--backend", "sdpa", "--", "-q")
+    result = conform("--backend", "sdpa", "--profile", "kill", "--", "-q")
     assert result.returncode == EXIT_OK, result.stdout[-3000:]
     assert " passed" in result.stdout
     assert "failed" not in result.stdout
@@ -72,7 +72,7 @@ def test_backend_refusing_everything_fails():
 
 
 def test_narrow_claim_is_respected():
-    result = conform("--backend", f"{FIXTURES}:Float32Only", "--", "-q")
+    result = conform("--backend", f"{FIXTURES}:Float32Only", "--profile", "kill", "--", "-q")
     assert result.returncode == EXIT_OK, result.stdout[-3000:]
 
 

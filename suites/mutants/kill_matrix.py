@@ -18,6 +18,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.conform import pytest_arguments
 from suites.mutants.backends import MUTANTS
 
 BUILTINS = ("reference", "sdpa")
@@ -47,19 +48,9 @@ def run_suite(specs: list[str], profile: str) -> dict[str, Verdict]:
             sys.executable,
             "-m",
             "pytest",
-            "--pyargs",
-            "suites.conformance",
-            "-p",
-            "attn_harness_pytest",
-            "-p",
-            "no:cacheprovider",
             "-q",
-            "--conformance-profile",
-            profile,
-            f"--junitxml={report}",
+            *pytest_arguments(specs, profile, str(report)),
         ]
-        for spec in specs:
-            command += ["--backend", spec]
         subprocess.run(command, cwd=root, capture_output=True, text=True, check=False)
         if not report.exists():
             raise RuntimeError("the conformance run wrote no JUnit report")
