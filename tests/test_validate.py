@@ -875,3 +875,28 @@ def test_check_rank_is_bound_bad_partition(dp_size, dp_rank):
     geometry = validate_layer_caches(caches(), num_kv_heads=HEADS, head_dim=DIM)
     with pytest.raises(CacheBindingError, match="bad DP partition"):
         check_rank_is_bound(geometry, dp_size, dp_rank)
+
+
+# --------------------------------------------------------------------------- #
+# The same malformed metadata, through the built-in backends' ``prepare``
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa"])
+@pytest.mark.parametrize(("make", "field", "bad", "graph_mode"), _params())
+def test_builtins_reject_malformed_metadata_in_prepare(backend, make, field, bad, graph_mode):
+    from harness import create_attention_backend
+
+    attention = create_attention_backend(
+        backend, num_heads=2, num_kv_heads=1, head_dim=4, scale=0.5
+    )
+    caches = make_layer_caches(
+        num_layers=1, total_pages=TOTAL_PAGES, page_size=PAGE_SIZE, num_kv_heads=1, head_dim=4
+    )
+    attention.bind_kv_caches(caches)
+    attention.prepare(build_good(pad_to=5 if graph_mode else None), graph_mode=graph_mode)
+    with pytest.raises(MetadataError) as info:
+        attention.prepare(make(GOOD), graph_mode=graph_mode)
+    assert info.value.field == field
+    with pytest.raises(RuntimeError, match="before prepare"):  # the rejected step is not kept
+        attention.forward(torch.ones(7, 2, 4), torch.ones(7, 1, 4), torch.ones(7, 1, 4), 0)
