@@ -102,6 +102,7 @@ def test_only_converted_records_can_be_turned_back():
 
 def test_suite_end_to_end(tmp_path):
     """Run one real CPU case through pytest-benchmark, convert, and compare."""
+    pytest.importorskip("pytest_benchmark")
     bench_json = tmp_path / "bench.json"
     command = [
         sys.executable,

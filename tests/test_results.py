@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,9 @@ from harness.results import (
 )
 from harness.workloads import CaseSpec
 
+needs_jsonschema = pytest.mark.skipif(
+    find_spec("jsonschema") is None, reason="field-level checks need jsonschema"
+)
 SPEC = CaseSpec("ctx=8", (8, 8), (1, 1), num_heads=4, num_kv_heads=2, head_dim=8, page_size=4)
 
 
@@ -162,6 +166,7 @@ def test_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path, monke
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
 
 
+@needs_jsonschema
 def test_a_record_the_loader_would_reject_is_never_written(tmp_path):
     too_few = case(forward=timing((1, 2, 3)))  # PASSED needs at least five samples
     with pytest.raises(ResultsError, match="samples_ns"):
@@ -188,15 +193,36 @@ def _valid() -> dict:
         ),
         (lambda d: d.update(schema_version="1"), "schema_version '1' is not supported"),
         (lambda d: d.update(schema="something-else"), "not an attn-harness results file"),
-        (lambda d: d.pop("environment"), "'environment' is a required property"),
-        (lambda d: d["cases"][0].pop("status"), r"cases\[0\]: 'status' is a required"),
-        (lambda d: d["cases"][0].update(status="FINE"), r"cases\[0\]\.status: 'FINE' is not one"),
-        (
+        pytest.param(
+            lambda d: d.pop("environment"),
+            "'environment' is a required property",
+            marks=needs_jsonschema,
+        ),
+        pytest.param(
+            lambda d: d["cases"][0].pop("status"),
+            r"cases\[0\]: 'status' is a required",
+            marks=needs_jsonschema,
+        ),
+        pytest.param(
+            lambda d: d["cases"][0].update(status="FINE"),
+            r"cases\[0\]\.status: 'FINE' is not one",
+            marks=needs_jsonschema,
+        ),
+        pytest.param(
             lambda d: d["cases"][0]["forward"].update(samples_ns=[1, 2]),
             r"cases\[0\]\.forward\.samples_ns",
+            marks=needs_jsonschema,
         ),
-        (lambda d: d["environment"].pop("git"), r"environment: 'git' is a required"),
-        (lambda d: d["cases"][0]["metrics"].pop("flops"), "'flops' is a required"),
+        pytest.param(
+            lambda d: d["environment"].pop("git"),
+            r"environment: 'git' is a required",
+            marks=needs_jsonschema,
+        ),
+        pytest.param(
+            lambda d: d["cases"][0]["metrics"].pop("flops"),
+            "'flops' is a required",
+            marks=needs_jsonschema,
+        ),
     ],
 )
 def test_loader_rejects_wrong_files_with_a_clear_message(tmp_path, mutate, message):
