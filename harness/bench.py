@@ -35,7 +35,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from harness import __version__
 from harness.ceilings import RunCeilings, run_ceilings
@@ -43,6 +42,7 @@ from harness.contract import capabilities_of
 from harness.environment import fingerprint
 from harness.errors import Unsupported
 from harness.metrics import rates, roofline
+from harness.peer import PEER_CLASS, PEER_NAME, ContiguousPeer
 from harness.registry import BackendEntry, DPBackendConfig, instantiate_backend
 from harness.results import FAILING_STATUSES, CaseRecord, RunRecord, TimingRecord
 from harness.scenario import StepInputs, check_outputs, make_step_inputs
@@ -58,8 +58,6 @@ from harness.timing import (
 )
 from harness.workloads import CaseSpec, Workload
 
-PEER_NAME = "contiguous-sdpa"
-PEER_CLASS = "torch.nn.functional.scaled_dot_product_attention (contiguous [B, KV, L, D])"
 PREPARE_TIMING = TimingConfig(
     warmup=1, min_samples=5, max_samples=50, budget_s=0.25, target_rel_ci=0.05, cold_cache=False
 )
@@ -140,87 +138,6 @@ def prepare_case(workload: Workload, spec: CaseSpec, device: str) -> PreparedCas
     return PreparedCase(workload, spec, device, make_step_inputs(spec.scenario(device)))
 
 
-@dataclass
-class _PeerGroup:
-    query: torch.Tensor  # [B, H, q, D]
-    key: torch.Tensor  # [B, KV, L, D]
-    value: torch.Tensor
-    mask: torch.Tensor | None  # [q, L], bottom-right causal, True = attend
-    is_causal: bool
-    tokens: torch.Tensor  # [B * q] query-token ids, in (b, j) order
-
-
-class ContiguousPeer:
-    """Torch SDPA over the case's tokens held contiguously: the no-paging reference point.
-
-    Sequences of equal (query, context) length share one SDPA call on
-    ``[B, KV, L, D]`` tensors (one call for the uniform sweeps), with
-    ``enable_gqa`` and an explicit bottom-right causal mask where the query
-    is shorter than the context (SDPA's ``is_causal`` is top-left aligned,
-    which matches only a square block). The timed call does the attention
-    only; ``assemble`` lays the outputs out as ``[T, H, D]`` for the check.
-    """
-
-    def __init__(self, case: PreparedCase) -> None:
-        inputs = case.inputs
-        s = inputs.scenario
-        self.scale = s.softmax_scale
-        self.gqa = s.num_heads != s.num_kv_heads
-        self.shape = tuple(inputs.queries[0].shape)
-        query = inputs.queries[0]
-        by_shape: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (q, L) -> (row, start)
-        start = 0
-        for index, row in enumerate(inputs.step.rows):
-            if row.seq_id is not None and row.query_len:
-                by_shape.setdefault((row.query_len, row.seq_len), []).append((index, start))
-            start += row.query_len
-        self.groups: list[_PeerGroup] = []
-        for (q, length), members in by_shape.items():
-            seqs = [inputs.sequences[0][index] for index, _ in members]
-            assert all(seq is not None for seq in seqs)
-            keys = torch.stack([seq.key for seq in seqs if seq is not None])
-            values = torch.stack([seq.value for seq in seqs if seq is not None])
-            queries = torch.stack([query[b : b + q] for _, b in members])
-            causal = s.causal and q > 1
-            mask = None
-            if causal and q < length:
-                mask = torch.ones(q, length, dtype=torch.bool, device=query.device)
-                mask = mask.tril(length - q)
-            tokens = [b + j for _, b in members for j in range(q)]
-            self.groups.append(
-                _PeerGroup(
-                    query=queries.transpose(1, 2).contiguous(),
-                    key=keys.transpose(1, 2).contiguous(),
-                    value=values.transpose(1, 2).contiguous(),
-                    mask=mask,
-                    is_causal=causal and q == length,
-                    tokens=torch.tensor(tokens, dtype=torch.long, device=query.device),
-                )
-            )
-
-    def __call__(self) -> list[torch.Tensor]:
-        return [
-            F.scaled_dot_product_attention(
-                g.query,
-                g.key,
-                g.value,
-                attn_mask=g.mask,
-                is_causal=g.is_causal,
-                scale=self.scale,
-                enable_gqa=self.gqa,
-            )
-            for g in self.groups
-        ]
-
-    def assemble(self, outputs: list[torch.Tensor]) -> torch.Tensor:
-        """The ``[T, H, D]`` output in token order."""
-        first = outputs[0]
-        out = torch.zeros(self.shape, dtype=first.dtype, device=first.device)
-        for group, result in zip(self.groups, outputs, strict=True):
-            out[group.tokens] = result.transpose(1, 2).reshape(-1, *self.shape[1:])
-        return out
-
-
 # -- checking a backend ------------------------------------------------------------
 
 
@@ -287,7 +204,9 @@ def build_backend(entry: BackendEntry, spec: CaseSpec, *, for_timing: bool) -> A
     )
 
 
-def unsupported_reason(entry: BackendEntry, spec: CaseSpec, device: str) -> str | None:
+def unsupported_reason(
+    entry: BackendEntry, spec: CaseSpec, device: str, graph_mode: bool = False
+) -> str | None:
     if spec.dp_size > 1 and not entry.accepts_dp:
         return f"not DP-aware: cannot serve dp_size={spec.dp_size}"
     return capabilities_of(entry.cls).unsupported_reason(
@@ -298,6 +217,7 @@ def unsupported_reason(entry: BackendEntry, spec: CaseSpec, device: str) -> str 
         seq_len=max(spec.context_lens),
         causal=spec.causal,
         dp_size=spec.dp_size,
+        graph_mode=graph_mode,
     )
 
 
@@ -307,6 +227,7 @@ class CheckedBackend:
 
     verdict: Verdict
     timed: Any = None
+    graph_mode: bool = False  # the timed instance is prepared for CUDA-graph capture
 
     def forward_fn(self, case: PreparedCase) -> Callable[[], object]:
         query, key, value = case.forward_args()
@@ -314,20 +235,27 @@ class CheckedBackend:
         return lambda: backend.forward(query, key, value, 0)
 
     def prepare_fn(self, case: PreparedCase) -> Callable[[], object]:
-        backend, metadata = self.timed, case.inputs.step.metadata
-        return lambda: backend.prepare(metadata, graph_mode=False)
+        backend, metadata, graph = self.timed, case.inputs.step.metadata, self.graph_mode
+        return lambda: backend.prepare(metadata, graph_mode=graph)
 
 
-def _run_once(backend: Any, case: PreparedCase) -> object:
+def _run_once(backend: Any, case: PreparedCase, graph_mode: bool = False) -> object:
     backend.bind_kv_caches(case.inputs.caches)
-    backend.prepare(case.inputs.step.metadata, graph_mode=False)
+    backend.prepare(case.inputs.step.metadata, graph_mode=graph_mode)
     return backend.forward(*case.forward_args(), 0)
 
 
-def check_backend(entry: BackendEntry, case: PreparedCase) -> CheckedBackend:
-    """Steps 1-3 of the module docstring, up to (not including) the timing."""
+def check_backend(
+    entry: BackendEntry, case: PreparedCase, *, graph_mode: bool = False
+) -> CheckedBackend:
+    """Steps 1-3 of the module docstring, up to (not including) the timing.
+
+    ``graph_mode=True`` (CUDA-graph timing) prepares the timed instance with
+    ``graph_mode=True``, which promises no host synchronisation in
+    ``forward``, and needs the backend to claim graph mode.
+    """
     try:
-        reason = unsupported_reason(entry, case.spec, case.device)
+        reason = unsupported_reason(entry, case.spec, case.device, graph_mode)
     except TypeError as exc:  # a malformed capabilities() claim
         return CheckedBackend(Verdict("RUNTIME_ERROR", describe(exc)))
     if reason is not None:
@@ -339,7 +267,7 @@ def check_backend(entry: BackendEntry, case: PreparedCase) -> CheckedBackend:
     verdict = check_output(case, output)
     try:
         timed = build_backend(entry, case.spec, for_timing=True)
-        first = _run_once(timed, case)
+        first = _run_once(timed, case, graph_mode)
     except Exception as exc:
         return CheckedBackend(Verdict(classify(exc), f"timing instance: {describe(exc)}"))
     identical = (
@@ -352,7 +280,7 @@ def check_backend(entry: BackendEntry, case: PreparedCase) -> CheckedBackend:
         if again.status != "PASSED":
             again.error = f"with validate=False: {again.error}"
             verdict = again
-    return CheckedBackend(verdict, timed)
+    return CheckedBackend(verdict, timed, graph_mode)
 
 
 # -- metrics -----------------------------------------------------------------------
@@ -440,6 +368,7 @@ class _Runner:
         self.total = total
         self.done = 0
         self.records: list[CaseRecord] = []
+        self.graph_mode = config.timing.cuda_graph and device_type(config.device) == "cuda"
 
     def _tick(self, label: str) -> None:
         self.done += 1
@@ -492,7 +421,7 @@ class _Runner:
         timings: dict[str, TimingRecord] = {}
         try:
             with deadline(self.config.case_timeout_s):
-                peer = ContiguousPeer(case)
+                peer = ContiguousPeer(case.inputs)
                 verdict = check_output(case, peer.assemble(peer()))
                 timings["forward"] = self._time_forward(peer)
         except CaseTimeout as exc:
@@ -517,7 +446,7 @@ class _Runner:
         timings: dict[str, TimingRecord] = {}
         try:
             with deadline(self.config.case_timeout_s):
-                checked = check_backend(entry, case)
+                checked = check_backend(entry, case, graph_mode=self.graph_mode)
                 verdict = checked.verdict
                 if checked.timed is not None:
                     timings["prepare"] = self._time_prepare(checked.prepare_fn(case))

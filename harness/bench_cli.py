@@ -19,8 +19,9 @@ from typing import Any, TextIO
 
 import torch
 
-from harness.bench import PEER_NAME, BenchConfig, failed, run_benchmarks
+from harness.bench import BenchConfig, failed, run_benchmarks
 from harness.errors import BackendLoadError
+from harness.peer import PEER_NAME
 from harness.registry import BackendEntry, default_registry
 from harness.results import CaseRecord, ResultsError, RunRecord, check_writable, save_results
 from harness.timing import TimingConfig

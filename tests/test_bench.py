@@ -15,9 +15,7 @@ import pytest
 import harness.bench as bench
 import harness.registry as registry
 from harness.bench import (
-    PEER_NAME,
     BenchConfig,
-    ContiguousPeer,
     build_backend,
     failed,
     prepare_case,
@@ -25,6 +23,7 @@ from harness.bench import (
 )
 from harness.bench_cli import add_bench_command
 from harness.ceilings import Ceilings, RunCeilings
+from harness.peer import PEER_NAME, ContiguousPeer
 from harness.registry import BackendEntry, BackendRegistry
 from harness.results import load_results
 from harness.timing import TimingConfig
@@ -94,7 +93,7 @@ def test_builtins_pass_every_tiny_case_with_peer_metrics_and_raw_samples():
 
 def test_peer_uses_one_sdpa_call_per_shape_and_a_bottom_right_mask():
     case = prepare_case(TINY, TINY_CASES[3], "cpu")  # mixed: five different (q, L)
-    peer = ContiguousPeer(case)
+    peer = ContiguousPeer(case.inputs)
     assert len(peer.groups) == 5
     extend = next(g for g in peer.groups if g.query.shape[2] == 3)  # q=3 of L=8
     assert extend.mask is not None
@@ -149,6 +148,16 @@ def test_each_failure_gets_its_status(cls, status, message):
     assert c.status == status
     assert message in c.error
     assert c.metrics is None
+
+
+def test_cuda_graph_timing_needs_a_graph_mode_claim():
+    case = prepare_case(ONE, TINY_CASES[0], "cpu")
+    checked = bench.check_backend(entry(fx.NoGraphModeBackend), case, graph_mode=True)
+    assert checked.verdict.status == "UNSUPPORTED"
+    assert "graph_mode" in checked.verdict.error
+    checked = bench.check_backend(entry(SdpaBackend), case, graph_mode=True)
+    assert checked.verdict.status == "PASSED"
+    assert checked.graph_mode
 
 
 def test_non_dp_backend_is_unsupported_for_dp_cases_only():

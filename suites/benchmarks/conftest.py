@@ -27,10 +27,7 @@ import pytest
 import torch
 
 from harness.bench import (
-    PEER_CLASS,
-    PEER_NAME,
     PREPARE_TIMING,
-    ContiguousPeer,
     PreparedCase,
     Verdict,
     case_metrics,
@@ -40,6 +37,7 @@ from harness.bench import (
 )
 from harness.ceilings import RunCeilings, run_ceilings
 from harness.environment import fingerprint
+from harness.peer import PEER_CLASS, PEER_NAME, ContiguousPeer
 from harness.registry import default_registry
 from harness.results import CaseRecord, TimingRecord
 from harness.timing import CacheFlusher, HostClock, TimingConfig, measure, stamp_timer
@@ -194,7 +192,7 @@ class BenchSession:
             return self.peers[case.prefix]
         forward = None
         try:
-            peer = ContiguousPeer(case)
+            peer = ContiguousPeer(case.inputs)
             verdict = check_output(case, peer.assemble(peer()))
             m = measure(peer, device=self.device, config=self.timing_config(), flusher=self.flusher)
             forward = TimingRecord.from_measurement(m)
