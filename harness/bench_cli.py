@@ -368,6 +368,9 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str] | None = None) -> in
             progress=progress,
             command=list(argv) if argv is not None else sys.argv,
         )
+    except KeyboardInterrupt:
+        print("\nattn-harness bench: interrupted; no results written", file=sys.stderr)
+        return 130
     finally:
         progress.close()
     print(render(record))

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import harness.bench as bench
+import harness.bench_cli as bench_cli
 import harness.registry as registry
 from harness.bench import (
     BenchConfig,
@@ -283,7 +284,7 @@ def test_cli_incorrect_backend_exits_1_and_still_saves_every_case(tmp_path, caps
 def test_cli_usage_errors_exit_2_before_running_and_write_nothing(
     tmp_path, capsys, monkeypatch, argv, message
 ):
-    monkeypatch.setattr(bench, "run_benchmarks", pytest.fail)  # nothing may run
+    monkeypatch.setattr(bench_cli, "run_benchmarks", pytest.fail)  # nothing may run
     argv = tuple(a.replace("{tmp}", str(tmp_path)) for a in argv)
     has_out = "--out" in argv
     out_args = () if has_out else ("--out", str(tmp_path / "r.json"))
@@ -298,6 +299,16 @@ def test_cli_cuda_without_a_device_is_a_usage_error(tmp_path, capsys, monkeypatc
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     assert cli("--device", "cuda", "--out", str(tmp_path / "r.json")) == 2
     assert "no CUDA device" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_interrupted_run_writes_nothing(tmp_path, capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench_cli, "run_benchmarks", interrupted)
+    assert cli("--workload", "one", "--out", str(tmp_path / "r.json"), *QUICK) == 130
+    assert "interrupted; no results written" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
 

@@ -311,7 +311,8 @@ def bench_run(
         if verdict.status == "UNSUPPORTED":
             pytest.skip(f"{entry.name}: {verdict.error}")
         if verdict.status != "PASSED":
-            pytest.fail(f"{verdict.status}: {entry.name} on {case.prefix}: {verdict.error}")
+            message = f"{verdict.status}: {entry.name} on {case.prefix}: {verdict.error}"
+            pytest.fail(message, pytrace=False)
         prepare = s.time_prepare(checked.prepare_fn(case))
         benchmark.pedantic(
             checked.forward_fn(case),
