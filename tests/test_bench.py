@@ -22,7 +22,6 @@ from harness.bench import (
     prepare_case,
     run_benchmarks,
 )
-from harness.bench_cli import add_bench_command
 from harness.ceilings import Ceilings, RunCeilings
 from harness.peer import PEER_NAME, ContiguousPeer
 from harness.registry import BackendEntry, BackendRegistry
@@ -214,22 +213,22 @@ def test_nothing_passing_is_a_failed_run():
 # -- the command line ------------------------------------------------------------------
 
 
-def _bench_parser() -> argparse.ArgumentParser:
-    """``harness.cli``'s parser once ``bench`` is wired into it, else bench_cli's own."""
+def _wired() -> bool:
+    """Whether ``harness.cli`` has the ``bench`` subcommand yet."""
     from harness import cli
 
     parser = cli.build_parser()
     subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    if subparsers and "bench" in subparsers[0].choices:
-        return parser
-    parser = argparse.ArgumentParser(prog="attn-harness")
-    add_bench_command(parser.add_subparsers(dest="command", required=True))
-    return parser
+    return bool(subparsers) and "bench" in subparsers[0].choices
 
 
 def cli(*argv: str) -> int:
-    args = _bench_parser().parse_args(["bench", *argv])
-    return int(args.func(args))
+    """``attn-harness bench ...`` through ``harness.cli.main`` once wired, else bench_cli's."""
+    if _wired():
+        from harness import cli as main_cli
+
+        return main_cli.main(["bench", *argv])
+    return bench_cli.main(["bench", *argv])
 
 
 QUICK = ("--no-probe", "--warm-cache", "--no-progress", "--max-samples", "5", "--budget", "0.01")
