@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from harness.bench_cli import add_bench_command
 from harness.conform import run_conformance
 from harness.contract import Capabilities
 from harness.errors import BackendLoadError
@@ -184,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_conform.add_argument("--junitxml", metavar="FILE", help="also write a JUnit XML report")
     p_conform.add_argument("pytest_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     p_conform.set_defaults(func=cmd_conform)
+    add_bench_command(sub)
     return parser
 
 
