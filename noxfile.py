@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import nox
 
 nox.options.default_venv_backend = "venv"
@@ -34,6 +36,21 @@ def mutants(session: nox.Session) -> None:
     """The planted-bug kill matrix: which properties catch which bug."""
     session.install(*CONSTRAINTS, "-e", ".")
     session.run("python", "-m", "suites.mutants.kill_matrix", *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """CPU default: every backend x every workload (CPU size) -> reports/bench-cpu.json."""
+    session.install(*CONSTRAINTS, "-e", ".[bench]")
+    Path("reports").mkdir(exist_ok=True)
+    session.run(
+        "attn-harness",
+        "bench",
+        "--no-progress",
+        "--out",
+        "reports/bench-cpu.json",
+        *session.posargs,
+    )
 
 
 @nox.session
