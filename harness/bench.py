@@ -396,17 +396,7 @@ class _Runner:
         return TimingRecord.from_measurement(m)
 
     def _record(self, case: PreparedCase, backend: str, status: str, **kw: Any) -> CaseRecord:
-        record = CaseRecord(
-            id=case.case_id(backend),
-            role="peer" if backend == PEER_NAME else "backend",
-            backend=backend,
-            workload=case.workload.name,
-            workload_version=case.workload.version,
-            case=case.spec.name,
-            spec=case.spec.to_json(),
-            status=status,
-            **kw,
-        )
+        record = case_record(case, backend, status, **kw)
         self.records.append(record)
         return record
 
@@ -499,6 +489,21 @@ class _Runner:
         gc.collect()
         if device_type(self.config.device) == "cuda":
             torch.cuda.empty_cache()
+
+
+def case_record(case: PreparedCase, backend: str, status: str, **kw: Any) -> CaseRecord:
+    """The results-schema record of one (case, backend), peer or not."""
+    return CaseRecord(
+        id=case.case_id(backend),
+        role="peer" if backend == PEER_NAME else "backend",
+        backend=backend,
+        workload=case.workload.name,
+        workload_version=case.workload.version,
+        case=case.spec.name,
+        spec=case.spec.to_json(),
+        status=status,
+        **kw,
+    )
 
 
 def _now() -> str:

@@ -31,6 +31,7 @@ from harness.bench import (
     PreparedCase,
     Verdict,
     case_metrics,
+    case_record,
     check_backend,
     check_output,
     prepare_case,
@@ -172,18 +173,8 @@ class BenchSession:
         )
 
     def record(self, case: PreparedCase, backend: str, verdict: Verdict, **kw: Any) -> CaseRecord:
-        return CaseRecord(
-            id=case.case_id(backend),
-            role="peer" if backend == PEER_NAME else "backend",
-            backend=backend,
-            workload=case.workload.name,
-            workload_version=case.workload.version,
-            case=case.spec.name,
-            spec=case.spec.to_json(),
-            status=verdict.status,
-            error=verdict.error,
-            oracle=verdict.oracle,
-            **kw,
+        return case_record(
+            case, backend, verdict.status, error=verdict.error, oracle=verdict.oracle, **kw
         )
 
     def peer(self, case: PreparedCase) -> CaseRecord:
