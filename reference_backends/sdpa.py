@@ -35,11 +35,25 @@ class SdpaPlan:
     mask: torch.Tensor | None  # [B, 1, Q_max, L_max] True = attend; None = attend to all
 
 
-def _build_plan(checked: CheckedMetadata, geometry: CacheGeometry) -> SdpaPlan | None:
+def _row_groups(checked: CheckedMetadata) -> list[list[int]]:
+    """Rows batched into one SDPA call each, so padding stays small.
+
+    A batch whose rows share one query length is one group. Otherwise decode
+    rows go together and every longer query gets a call of its own: padding a
+    2048-token prompt and 64 decode rows to one shape costs far more than the
+    extra calls.
+    """
     query_lens = checked.query_lens
     real = [r for r in checked.real_rows if query_lens[r] > 0]
-    if not real:
-        return None
+    if len({query_lens[r] for r in real}) <= 1:
+        return [real] if real else []
+    decode = [r for r in real if query_lens[r] == 1]
+    return ([decode] if decode else []) + [[r] for r in real if query_lens[r] > 1]
+
+
+def _build_plan(checked: CheckedMetadata, geometry: CacheGeometry, real: list[int]) -> SdpaPlan:
+    """The gather indices and mask of one group of rows."""
+    query_lens = checked.query_lens
     size, starts = geometry.page_size, checked.query_start
     lens = [checked.seq_lens[r] for r in real]
     qlens = [query_lens[r] for r in real]
@@ -98,12 +112,12 @@ class SdpaBackend(PagedBackendBase):
 
     per_sequence_rows = False
 
-    def plan_step(self, checked: CheckedMetadata, geometry: CacheGeometry) -> SdpaPlan | None:
-        plan = _build_plan(checked, geometry)
-        if plan is not None:  # size the gather buffers here, on the host, not in forward
+    def plan_step(self, checked: CheckedMetadata, geometry: CacheGeometry) -> list[SdpaPlan]:
+        plans = [_build_plan(checked, geometry, rows) for rows in _row_groups(checked)]
+        for plan in plans:  # size the gather buffers here, on the host, not in forward
             self._buffer("key", plan, geometry)
             self._buffer("value", plan, geometry)
-        return plan
+        return plans
 
     def _buffer(self, which: str, plan: SdpaPlan, geometry: CacheGeometry) -> torch.Tensor:
         """A reusable ``[B * pages, page_size, KV, D]`` gather target."""
@@ -139,9 +153,19 @@ class SdpaBackend(PagedBackendBase):
         return batch[:, : plan.max_len].transpose(1, 2)  # [B, KV, L, D]
 
     def attend(self, query: torch.Tensor, cache: LayerCache, step: PreparedStep) -> torch.Tensor:
-        plan: SdpaPlan | None = step.plan
-        if plan is None:
-            return torch.zeros_like(query)
+        plans: list[SdpaPlan] = step.plan
+        if len(plans) == 1 and plans[0].out_dst is None:  # dense: the result is the output
+            return self._attend_group(query, cache, plans[0]).contiguous()
+        out = torch.zeros_like(query)
+        for plan in plans:
+            result = self._attend_group(query, cache, plan)
+            assert plan.out_src is not None
+            assert plan.out_dst is not None
+            out.index_copy_(0, plan.out_dst, result.index_select(0, plan.out_src))
+        return out
+
+    def _attend_group(self, query: torch.Tensor, cache: LayerCache, plan: SdpaPlan) -> torch.Tensor:
+        """One SDPA call over a group; rows ``[B * Q_max, H, D]`` of the padded result."""
         geometry = self._require_bound()
         q = query if plan.query_rows is None else query.index_select(0, plan.query_rows)
         q = q.reshape(plan.batch, plan.max_q, self.num_heads, self.head_dim).transpose(1, 2)
@@ -153,8 +177,4 @@ class SdpaBackend(PagedBackendBase):
             scale=self.scale,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
-        result = result.transpose(1, 2).reshape(-1, self.num_heads, self.head_dim)
-        if plan.out_src is None or plan.out_dst is None:
-            return result.contiguous()
-        out = torch.zeros_like(query)
-        return out.index_copy_(0, plan.out_dst, result.index_select(0, plan.out_src))
+        return result.transpose(1, 2).reshape(-1, self.num_heads, self.head_dim)
