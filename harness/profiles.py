@@ -45,11 +45,11 @@ def get_profile(name: str) -> Profile:
     common = settings(deadline=None, print_blob=True, suppress_health_check=_SLOW_CHECKS)
     if name == "thorough":
         database = DirectoryBasedExampleDatabase(str(example_database_dir()))
-        thorough = settings(common, max_examples=500, derandomize=False, database=database)
+        thorough = settings(common, max_examples=1000, derandomize=False, database=database)
         return Profile(name, thorough, THOROUGH_BUDGET, stateful_steps=50)
     if name == "kill":  # only "was it caught" matters: fewer examples, no shrinking
         phases = tuple(p for p in Phase if p is not Phase.shrink)
         quick = settings(common, max_examples=20, derandomize=True, database=None, phases=phases)
         return Profile(name, quick, CI_BUDGET, stateful_steps=10)
-    bounded = settings(common, max_examples=50, derandomize=True, database=None)
-    return Profile(name, bounded, CI_BUDGET, stateful_steps=15)
+    bounded = settings(common, max_examples=100, derandomize=True, database=None)
+    return Profile(name, bounded, CI_BUDGET, stateful_steps=20)
