@@ -88,7 +88,9 @@ def deadline(seconds: float | None) -> Iterator[None]:
         raise CaseTimeout(f"exceeded the case deadline of {seconds:g} s")
 
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    # Re-fire until the block exits: an alarm landing in code that swallows exceptions
+    # (a gc callback, a __del__) would otherwise lose the deadline.
+    signal.setitimer(signal.ITIMER_REAL, seconds, min(0.1, seconds))
     try:
         yield
     finally:

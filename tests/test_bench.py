@@ -326,3 +326,26 @@ def test_results_json_is_plain_json(tmp_path):
     assert data["workloads"] == [
         {"name": "one", "version": 2, "size": "cpu", "kind": "decode", "description": "tests only"}
     ]
+
+
+def _swallow_first_alarm(seconds: float) -> int:
+    """Loop under a deadline, swallowing the first alarm as a gc callback would."""
+    import time
+
+    swallowed = 0
+    with bench.deadline(seconds):
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            try:
+                time.sleep(0.01)
+            except bench.CaseTimeout:
+                if swallowed:
+                    raise
+                swallowed += 1
+    return swallowed
+
+
+def test_deadline_fires_again_when_an_alarm_is_swallowed():
+    """An alarm caught by code that swallows exceptions must not lose the deadline."""
+    with pytest.raises(bench.CaseTimeout):
+        _swallow_first_alarm(0.05)
