@@ -43,9 +43,9 @@ from harness.environment import fingerprint
 from harness.errors import Unsupported
 from harness.metrics import rates, roofline
 from harness.peer import PEER_CLASS, PEER_NAME, ContiguousPeer
-from harness.registry import BackendEntry, DPBackendConfig, instantiate_backend
+from harness.registry import BackendEntry
 from harness.results import FAILING_STATUSES, CaseRecord, RunRecord, TimingRecord
-from harness.scenario import StepInputs, check_outputs, make_step_inputs
+from harness.scenario import StepInputs, backend_for, check_outputs, make_step_inputs
 from harness.statistics import bootstrap_ratio_ci
 from harness.timing import (
     CacheFlusher,
@@ -193,17 +193,7 @@ def build_backend(entry: BackendEntry, spec: CaseSpec, *, for_timing: bool) -> A
     kwargs: dict[str, Any] = {}
     if for_timing and accepts_validate(entry.cls):
         kwargs["validate"] = False
-    dp = DPBackendConfig(spec.dp_size, spec.dp_rank) if entry.accepts_dp else None
-    return instantiate_backend(
-        entry.cls,
-        num_heads=spec.num_heads,
-        num_kv_heads=spec.num_kv_heads,
-        head_dim=spec.head_dim,
-        scale=spec.scenario().softmax_scale,
-        dp_config=dp,
-        name=entry.name,
-        **kwargs,
-    )
+    return backend_for(entry, spec.scenario(), **kwargs)
 
 
 def unsupported_reason(

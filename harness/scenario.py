@@ -185,7 +185,7 @@ def scenario_caches(scenario: Scenario, **overrides: Any) -> list[LayerCache]:
     return make_layer_caches(**(args | overrides))
 
 
-def backend_for(entry: BackendEntry, scenario: Scenario) -> Any:
+def backend_for(entry: BackendEntry, scenario: Scenario, **kwargs: Any) -> Any:
     """A new instance of ``entry`` for the scenario's heads, scale and DP rank."""
     return instantiate_backend(
         entry.cls,
@@ -195,6 +195,7 @@ def backend_for(entry: BackendEntry, scenario: Scenario) -> Any:
         scale=scenario.softmax_scale,
         dp_config=DPBackendConfig(scenario.dp_size, scenario.dp_rank),
         name=entry.name,
+        **kwargs,
     )
 
 

@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch.utils import benchmark
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness import DPBackendConfig, create_attention_backend
-from harness.scenario import Scenario, make_step_inputs
+from harness.peer import ContiguousPeer
+from harness.registry import default_registry
+from harness.scenario import Scenario, backend_for, make_step_inputs
 
 
 def main() -> None:
@@ -46,28 +47,12 @@ def main() -> None:
     )
     inputs = make_step_inputs(s)
     q, k_new, v_new = inputs.queries[0], inputs.keys[0], inputs.values[0]
-    keys = torch.stack([seq.key for seq in inputs.sequences[0]]).transpose(1, 2)  # [B,KV,L,D]
-    values = torch.stack([seq.value for seq in inputs.sequences[0]]).transpose(1, 2)
-    keys, values = keys.contiguous(), values.contiguous()
-    q_contig = q.unsqueeze(2)  # [B, H, 1, D]
-
-    def contiguous() -> torch.Tensor:
-        return F.scaled_dot_product_attention(
-            q_contig, keys, values, scale=s.softmax_scale, enable_gqa=True
-        )
-
-    expected = contiguous().squeeze(2)
-    stmts = {"contiguous sdpa": contiguous}
+    peer = ContiguousPeer(inputs)  # the benchmark runner's no-paging peer
+    expected = peer.assemble(peer())
+    stmts: dict[str, Callable[[], object]] = {"contiguous sdpa": peer}
+    registry = default_registry()
     for name in ("sdpa", "reference"):
-        backend = create_attention_backend(
-            name,
-            num_heads=32,
-            num_kv_heads=8,
-            head_dim=128,
-            scale=s.softmax_scale,
-            dp_config=DPBackendConfig(1, 0),
-            validate=False,
-        )
+        backend = backend_for(registry.entry(name), s, validate=False)
         backend.bind_kv_caches(inputs.caches)
         backend.prepare(inputs.step.metadata)
         out = backend.forward(q, k_new, v_new, 0)
