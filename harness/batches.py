@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.contract import AttentionMetadata
-from harness.kv_pages import PagePool, token_slots
+from harness.kv_pages import PagePool, pages_needed, token_slots
 
 
 @dataclass
@@ -115,7 +115,7 @@ class BatchBuilder:
                 raise ValueError(f"query_len of sequence {seq_id} must be >= 1, got {query_len}")
             state = self.sequences[seq_id]
             new_len = state.cached_len + query_len
-            needs.append(max(0, -(-new_len // self.page_size) - len(state.pages)))
+            needs.append(max(0, pages_needed(new_len, self.page_size) - len(state.pages)))
         fresh = self.pool.allocate(self.rank, sum(needs))
         rows = []
         for (seq_id, query_len), need in zip(requests, needs, strict=True):

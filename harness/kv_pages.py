@@ -180,6 +180,11 @@ def make_layer_caches(
     ]
 
 
+def pages_needed(length: int, page_size: int) -> int:
+    """Pages holding ``length`` tokens: the in-use prefix of a block-table row."""
+    return -(-length // page_size)
+
+
 def token_slots(pages: Sequence[int], positions: Iterable[int], page_size: int) -> list[int]:
     """Global slots of token ``positions`` of a sequence laid on ``pages``."""
     return [pages[p // page_size] * page_size + p % page_size for p in positions]

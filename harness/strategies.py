@@ -17,7 +17,7 @@ import torch
 from hypothesis import strategies as st
 
 from harness.contract import Capabilities
-from harness.kv_pages import PoolLayout, dp_page_range
+from harness.kv_pages import PoolLayout, dp_page_range, pages_needed
 from harness.scenario import Scenario
 
 PAGE_SIZES = (2, 1, 3, 4, 5, 7, 8, 16)  # first is where shrinking lands
@@ -72,7 +72,7 @@ def geometries(
 def _context(draw: st.DrawFn, low: int, high: int, page_size: int) -> int:
     """A length, sometimes exactly on a page boundary."""
     if draw(st.booleans()) and high >= page_size:
-        pages = draw(st.integers(max(1, -(-low // page_size)), high // page_size))
+        pages = draw(st.integers(max(1, pages_needed(low, page_size)), high // page_size))
         return pages * page_size
     return draw(st.integers(low, high))
 
@@ -110,7 +110,7 @@ def _pool_size(draw: st.DrawFn, needed: int, dp_size: int) -> int:
 
 
 def _pages_for(contexts: tuple[int, ...], page_size: int, shared_pages: int = 0) -> int:
-    total = sum(-(-length // page_size) for length in contexts)
+    total = sum(pages_needed(length, page_size) for length in contexts)
     return total - shared_pages * (len(contexts) - 1)
 
 

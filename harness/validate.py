@@ -19,7 +19,7 @@ import torch
 
 from harness.contract import AttentionMetadata, LayerCache
 from harness.errors import CacheBindingError, ForeignPageError, MetadataError
-from harness.kv_pages import dp_page_range
+from harness.kv_pages import dp_page_range, pages_needed
 
 
 def _is_int(value: object) -> bool:
@@ -405,10 +405,6 @@ def validate_forward_inputs(
         raise ValueError(
             f"layer_idx must be an int in [0, {geometry.num_layers}), got {layer_idx!r}"
         )
-
-
-def pages_needed(length: int, page_size: int) -> int:
-    return -(-length // page_size)
 
 
 def read_metadata(metadata: AttentionMetadata, *, page_size: int) -> CheckedMetadata:

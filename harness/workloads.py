@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from harness.kv_pages import PoolLayout
+from harness.kv_pages import PoolLayout, pages_needed
 from harness.metrics import AttentionWork
 from harness.scenario import Scenario
 
@@ -67,7 +67,7 @@ class CaseSpec:
     @property
     def total_pages(self) -> int:
         """A pool where this rank's range holds all its sequences, plus one spare page."""
-        per_rank = sum(math.ceil(n / self.page_size) for n in self.context_lens) + 1
+        per_rank = sum(pages_needed(n, self.page_size) for n in self.context_lens) + 1
         return per_rank * self.dp_size
 
     def scenario(self, device: str = "cpu") -> Scenario:

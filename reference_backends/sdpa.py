@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from harness.contract import LayerCache
+from harness.kv_pages import pages_needed
 from harness.validate import CacheGeometry, CheckedMetadata
 from reference_backends.paged_base import PagedBackendBase, PreparedStep
 
@@ -58,7 +59,7 @@ def _build_plan(checked: CheckedMetadata, geometry: CacheGeometry, real: list[in
     lens = [checked.seq_lens[r] for r in real]
     qlens = [query_lens[r] for r in real]
     max_len, max_q = max(lens), max(qlens)
-    per_seq = -(-max_len // size)
+    per_seq = pages_needed(max_len, size)
     pages: list[int] = []
     pad_rows: list[int] = []
     for b, r in enumerate(real):

@@ -12,6 +12,7 @@ from dataclasses import replace
 import torch
 
 from harness.contract import AttentionMetadata, LayerCache
+from harness.kv_pages import pages_needed
 from reference_backends.paged_base import PreparedStep
 from reference_backends.reference import ReferenceBackend
 
@@ -105,7 +106,7 @@ class ReadsWholeLastPage(ReferenceBackend):
 
     def cache_rows(self, pages: list[int], length: int) -> list[int]:
         size = self._require_bound().page_size
-        return super().cache_rows(pages, -(-length // size) * size)
+        return super().cache_rows(pages, pages_needed(length, size) * size)
 
 
 class AssumesContiguousPages(ReferenceBackend):
