@@ -19,6 +19,7 @@ from harness import (
 from harness.batches import BatchBuilder
 from harness.kv_pages import PagePool, make_layer_caches
 from harness.oracle import SequenceKV
+from harness.properties import bits
 from harness.scenario import Scenario, check_outputs, make_step_inputs, run_scenario
 
 BACKENDS = ["reference", "sdpa"]
@@ -51,12 +52,6 @@ def assert_matches_oracle(name: str, scenario: Scenario, **kwargs) -> list[torch
         assert check.checked_tokens > 0
         assert check.passed, f"layer {layer}: {check.describe()}"
     return outputs
-
-
-def bits(tensor: torch.Tensor) -> torch.Tensor:
-    """Bit patterns, so NaN canaries compare equal to themselves."""
-    as_int = {2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()]
-    return tensor.view(as_int).clone()
 
 
 @pytest.mark.parametrize("name", BACKENDS)
