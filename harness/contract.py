@@ -19,6 +19,9 @@ class LayerCache:
 
     ``page_offset`` is the global id of ``key[0]``: a per-rank pool holds only
     its rank's pages, yet metadata always speaks in global page ids.
+    ``key``/``value`` may be strided views (engines pass the halves of one
+    ``[num_pages, 2, page_size, num_kv_heads, head_dim]`` tensor), so a backend
+    writes through the given tensors, never through a reshaped copy.
     """
 
     key: torch.Tensor

@@ -157,11 +157,15 @@ def make_layer_caches(
     dp_size: int = 1,
     dp_rank: int = 0,
     fill: float = float("nan"),
+    combined_kv: bool = False,
 ) -> list[LayerCache]:
     """Cache tensors for one rank in either layout, filled with ``fill``.
 
     The default NaN fill stands for the garbage a real engine leaves in
     unwritten memory: a backend that reads it produces NaN and fails.
+    ``combined_kv`` holds each layer in one ``[pages, 2, page_size, KV, D]``
+    tensor, as engines do, and hands out its two halves: strided views that a
+    backend must write through, since no flat view of them exists.
     """
     if layout is PoolLayout.SHARED:
         offset, held = 0, total_pages
@@ -169,15 +173,16 @@ def make_layer_caches(
         page_range = dp_page_range(total_pages, dp_size, dp_rank)
         offset, held = page_range.start, len(page_range)
     shape = (held, page_size, num_kv_heads, head_dim)
-    return [
-        LayerCache(
-            key=torch.full(shape, fill, dtype=dtype, device=device),
-            value=torch.full(shape, fill, dtype=dtype, device=device),
-            page_offset=offset,
-            total_pages=total_pages,
-        )
-        for _ in range(num_layers)
-    ]
+    caches = []
+    for _ in range(num_layers):
+        if combined_kv:
+            both = torch.full((held, 2, *shape[1:]), fill, dtype=dtype, device=device)
+            key, value = both[:, 0], both[:, 1]
+        else:
+            key = torch.full(shape, fill, dtype=dtype, device=device)
+            value = torch.full(shape, fill, dtype=dtype, device=device)
+        caches.append(LayerCache(key=key, value=value, page_offset=offset, total_pages=total_pages))
+    return caches
 
 
 def pages_needed(length: int, page_size: int) -> int:
@@ -195,9 +200,55 @@ def local_slots(cache: LayerCache, global_slots: torch.Tensor) -> torch.Tensor:
     return global_slots - cache.page_offset * cache.page_size
 
 
+def _rows_mergeable(tensor: torch.Tensor) -> bool:
+    """Whether pages and in-page offsets merge into one token dimension without a copy."""
+    pages, size = tensor.shape[0], tensor.shape[1]
+    return pages <= 1 or size <= 1 or tensor.stride(0) == tensor.stride(1) * size
+
+
 def flat_tokens(tensor: torch.Tensor) -> torch.Tensor:
-    """View a ``[pages, page_size, heads, dim]`` cache tensor as ``[slots, heads, dim]``."""
+    """View a ``[pages, page_size, heads, dim]`` cache tensor as ``[slots, heads, dim]``.
+
+    Raises ``ValueError`` when no such view exists (a half of a combined
+    ``[pages, 2, ...]`` tensor): a reshaped copy would silently drop writes.
+    """
+    if not _rows_mergeable(tensor):
+        raise ValueError(
+            f"a cache tensor with shape {tuple(tensor.shape)} and strides {tensor.stride()} "
+            "has no [slots, heads, dim] view; index it by (page, offset) instead"
+        )
     return tensor.view(-1, tensor.shape[2], tensor.shape[3])
+
+
+def token_index(tensor: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(page, offset)`` of flattened-cache ``rows`` in a ``[pages, page_size, ...]`` tensor.
+
+    Negative rows map to page ``num_pages`` so indexing raises, as a flat
+    ``index_copy_`` / ``index_select`` would, instead of wrapping around.
+    """
+    size = tensor.shape[1]
+    pages = torch.div(rows, size, rounding_mode="floor").masked_fill(rows < 0, tensor.shape[0])
+    return pages, rows.remainder(size)
+
+
+def put_rows(tensor: torch.Tensor, rows: torch.Tensor, src: torch.Tensor) -> None:
+    """Write ``src[i]`` to flattened-cache row ``rows[i]`` of ``tensor``, in place.
+
+    Works on any strided view (a combined K/V half included): the write goes
+    through ``tensor`` itself, by a flat view when one exists, else by
+    ``(page, offset)`` pairs.
+    """
+    if _rows_mergeable(tensor):
+        flat_tokens(tensor).index_copy_(0, rows, src)
+    else:
+        tensor.index_put_(token_index(tensor, rows), src)
+
+
+def take_rows(tensor: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Flattened-cache rows of ``tensor`` as a new contiguous ``[len(rows), heads, dim]``."""
+    if _rows_mergeable(tensor):
+        return flat_tokens(tensor).index_select(0, rows)
+    return tensor[token_index(tensor, rows)]
 
 
 def write_tokens(
@@ -205,8 +256,8 @@ def write_tokens(
 ) -> None:
     """Store key/value rows at global slots (all slots must be held by ``cache``)."""
     rows = local_slots(cache, global_slots.to(device=cache.key.device, dtype=torch.long))
-    flat_tokens(cache.key).index_copy_(0, rows, key.to(cache.key.dtype))
-    flat_tokens(cache.value).index_copy_(0, rows, value.to(cache.value.dtype))
+    put_rows(cache.key, rows, key.to(cache.key.dtype))
+    put_rows(cache.value, rows, value.to(cache.value.dtype))
 
 
 def read_tokens(
@@ -215,7 +266,4 @@ def read_tokens(
     """The first ``length`` tokens of a sequence on ``pages``, contiguous ``[L, KV, D]``."""
     slots = torch.tensor(token_slots(pages, range(length), cache.page_size), dtype=torch.long)
     rows = local_slots(cache, slots).to(cache.key.device)
-    return (
-        flat_tokens(cache.key).index_select(0, rows),
-        flat_tokens(cache.value).index_select(0, rows),
-    )
+    return take_rows(cache.key, rows), take_rows(cache.value, rows)

@@ -1,8 +1,13 @@
-"""The float64 oracle: ground truth for every numeric check (DESIGN.md §3).
+"""The float64 oracle: ground truth for every numeric check.
 
 It computes attention from contiguous per-sequence K/V, on the CPU, in
-float64, from the exact tensors (in their dtype) the backend received. It
-also returns the magnitudes the tolerance needs (see ``harness.tolerance``).
+float64, from the exact tensors (in their dtype) the backend received, for
+the new query rows only (a decode step over 32k keys costs one row). It also
+returns the magnitudes the tolerance needs (see ``harness.tolerance``).
+
+GQA is computed by folding each KV head's query heads into one matrix
+(``[KV, group * q, D]``) instead of copying K and V out to every query head,
+so memory stays at the size of the sequence's own K/V.
 """
 
 from __future__ import annotations
@@ -29,16 +34,27 @@ class SequenceKV:
 class OracleOutput:
     """Exact outputs ``[T, H, D]`` and, per (token, head), the error scales.
 
-    ``value_scale`` is the largest ``||v_j||`` the token attends to (its
-    output lies in their convex hull); ``logit_scale`` is the largest
-    ``scale * sum_i |q_i k_ji|``, the condition number of its logits.
-    ``checked`` marks tokens of real (non-padding) rows.
+    * ``value_scale``: the largest ``||v_j||`` the token attends to (its
+      output lies in their convex hull);
+    * ``logit_scale``: the largest ``scale * sum_i |q_i k_ji|``, the
+      condition number of its logits;
+    * ``rounding_scale``: ``sqrt(sum_j p_j^2 ||v_j||^2)``, the typical size
+      of the output error when every probability ``p_j`` is rounded on its
+      own (small when attention is spread over many keys, ``~||v||`` when it
+      falls on one);
+    * ``checked`` marks tokens of real (non-padding) rows.
     """
 
     output: torch.Tensor
     value_scale: torch.Tensor
     logit_scale: torch.Tensor
+    rounding_scale: torch.Tensor
     checked: torch.Tensor
+
+    @property
+    def output_norm(self) -> torch.Tensor:
+        """``||o_exact||`` per (token, head)."""
+        return self.output.norm(dim=-1)
 
 
 def _visible_mask(query_len: int, seq_len: int, causal: bool) -> torch.Tensor:
@@ -49,10 +65,18 @@ def _visible_mask(query_len: int, seq_len: int, causal: bool) -> torch.Tensor:
     return torch.arange(seq_len).unsqueeze(0) <= positions
 
 
-def _expand_heads(tensor: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """``[L, KV, D]`` -> ``[H, L, D]``: query head h reads KV head ``h // group``."""
-    group = num_heads // tensor.shape[1]
-    return tensor.transpose(0, 1).repeat_interleave(group, dim=0)
+def _grouped_queries(query: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """``[q, H, D]`` -> ``[KV, group * q, D]``: query head h reads KV head ``h // group``."""
+    q_len, num_heads, head_dim = query.shape
+    group = num_heads // num_kv_heads
+    return query.reshape(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).flatten(1, 2)
+
+
+def _ungrouped(result: torch.Tensor, q_len: int) -> torch.Tensor:
+    """``[KV, group * q, ...]`` -> ``[q, H, ...]``, the inverse of ``_grouped_queries``."""
+    kv_heads, rows = result.shape[:2]
+    grouped = result.reshape(kv_heads, rows // q_len, q_len, *result.shape[2:])
+    return grouped.movedim(2, 0).flatten(1, 2)
 
 
 def oracle_attention(
@@ -68,6 +92,7 @@ def oracle_attention(
     out = torch.zeros(num_tokens, num_heads, head_dim, dtype=torch.float64)
     value_scale = torch.zeros(num_tokens, num_heads, dtype=torch.float64)
     logit_scale = torch.zeros(num_tokens, num_heads, dtype=torch.float64)
+    rounding_scale = torch.zeros(num_tokens, num_heads, dtype=torch.float64)
     checked = torch.zeros(num_tokens, dtype=torch.bool)
     start = 0
     for seq, q_len in zip(sequences, query_lens, strict=True):
@@ -75,21 +100,24 @@ def oracle_attention(
         start += q_len
         if seq is None or q_len == 0:
             continue
-        q = query[rows].detach().to("cpu", torch.float64).transpose(0, 1)  # [H, q, D]
-        k = _expand_heads(seq.key.detach().to("cpu", torch.float64), num_heads)
-        v = _expand_heads(seq.value.detach().to("cpu", torch.float64), num_heads)
-        visible = _visible_mask(q_len, seq.length, causal)
-        logits = (q @ k.transpose(1, 2)) * scale
-        probs = torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1)
-        out[rows] = (probs @ v).transpose(0, 1)
+        k = seq.key.detach().to("cpu", torch.float64).transpose(0, 1)  # [KV, L, D]
+        v = seq.value.detach().to("cpu", torch.float64).transpose(0, 1)
+        q = _grouped_queries(query[rows].detach().to("cpu", torch.float64), k.shape[0])
+        hidden = ~_visible_mask(q_len, seq.length, causal).repeat(q.shape[1] // q_len, 1)
+        logits = (q @ k.transpose(1, 2)) * scale  # [KV, G*q, L]
+        probs = torch.softmax(logits.masked_fill(hidden, float("-inf")), dim=-1)
+        out[rows] = _ungrouped(probs @ v, q_len)
         magnitude = (q.abs() @ k.abs().transpose(1, 2)) * abs(scale)
-        logit_scale[rows] = magnitude.masked_fill(~visible, 0).amax(-1).T
-        norms = v.norm(dim=-1).unsqueeze(1).expand(-1, q_len, -1)  # [H, q, L]
-        value_scale[rows] = norms.masked_fill(~visible, 0).amax(-1).T
+        logit_scale[rows] = _ungrouped(magnitude.masked_fill(hidden, 0).amax(-1), q_len)
+        norms = v.norm(dim=-1).unsqueeze(1)  # [KV, 1, L]
+        value_scale[rows] = _ungrouped(norms.masked_fill(hidden, 0).amax(-1), q_len)
+        rounding_scale[rows] = _ungrouped(
+            (probs.square() @ norms.square().mT).sqrt()[..., 0], q_len
+        )
         checked[rows] = True
     if start != num_tokens:
         raise ValueError(f"query_lens sum to {start} but query has {num_tokens} tokens")
-    return OracleOutput(out, value_scale, logit_scale, checked)
+    return OracleOutput(out, value_scale, logit_scale, rounding_scale, checked)
 
 
 def naive_attention(
@@ -102,9 +130,10 @@ def naive_attention(
 ) -> torch.Tensor:
     """Attention as a straightforward same-dtype implementation computes it.
 
-    Matmuls in the input dtype (fp32 accumulation, rounded to the dtype),
-    a stable fp32 softmax rounded to the dtype. Its error against the oracle
-    is the yardstick of what the dtype's precision allows.
+    Logits from the dtype's inputs accumulated and kept in fp32, a stable
+    fp32 softmax, probabilities rounded to the dtype, P.V with fp32
+    accumulation, the output rounded to the dtype. Its error against the
+    oracle is the yardstick of what the dtype's precision allows.
     """
     dtype = query.dtype
     num_tokens, num_heads, head_dim = query.shape
@@ -115,11 +144,12 @@ def naive_attention(
         start += q_len
         if seq is None or q_len == 0:
             continue
-        q = query[rows].detach().cpu().transpose(0, 1)
-        k = _expand_heads(seq.key.detach().cpu(), num_heads)
-        v = _expand_heads(seq.value.detach().cpu(), num_heads)
-        visible = _visible_mask(q_len, seq.length, causal)
-        logits = (q @ k.transpose(1, 2)).float() * scale
-        probs = torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1)
-        out[rows] = (probs.to(dtype) @ v).transpose(0, 1)
+        k = seq.key.detach().cpu().transpose(0, 1)  # [KV, L, D]
+        v = seq.value.detach().cpu().transpose(0, 1)
+        q = _grouped_queries(query[rows].detach().cpu(), k.shape[0])
+        hidden = ~_visible_mask(q_len, seq.length, causal).repeat(q.shape[1] // q_len, 1)
+        logits = (q.float() @ k.float().transpose(1, 2)) * scale
+        probs = torch.softmax(logits.masked_fill(hidden, float("-inf")), dim=-1)
+        result = probs.to(dtype).float() @ v.float()
+        out[rows] = _ungrouped(result, q_len).to(dtype)
     return out

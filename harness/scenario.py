@@ -19,7 +19,7 @@ import torch
 from harness.batches import BatchBuilder, Step
 from harness.contract import AttentionBackend, LayerCache
 from harness.kv_pages import PagePool, PoolLayout, make_layer_caches, token_slots, write_tokens
-from harness.oracle import SequenceKV, naive_attention, oracle_attention
+from harness.oracle import OracleOutput, SequenceKV, naive_attention, oracle_attention
 from harness.registry import BackendEntry, DPBackendConfig, instantiate_backend
 from harness.tolerance import Comparison, compare
 
@@ -51,6 +51,7 @@ class Scenario:
     shuffle_pages: bool = False
     shared_prefix: int = 0
     noncontiguous: bool = False  # hand forward strided views instead of dense tensors
+    combined_kv: bool = False  # caches are the halves of one [pages, 2, page, KV, D] per layer
     magnitude: float = 1.0  # scales q and k: large values give large logits
     seed: int = 0
     device: str = "cpu"
@@ -80,6 +81,7 @@ class Scenario:
                 ("non-causal", not self.causal),
                 ("shuffled", self.shuffle_pages),
                 ("strided", self.noncontiguous),
+                ("combined-kv", self.combined_kv),
             )
             if on
         ]
@@ -106,6 +108,24 @@ class StepInputs:
     keys: list[torch.Tensor]  # per layer [T, KV, D], the new tokens
     values: list[torch.Tensor]
     sequences: list[list[SequenceKV | None]] = field(default_factory=list)  # per layer, per row
+    _references: dict[int, tuple[OracleOutput, torch.Tensor]] = field(
+        default_factory=dict, repr=False
+    )
+
+    def reference(self, layer: int) -> tuple[OracleOutput, torch.Tensor]:
+        """The oracle and naive outputs of ``layer``, computed once and reused.
+
+        Every backend, the peer and every property checked on these inputs
+        compare against the same float64 result.
+        """
+        if layer not in self._references:
+            s = self.scenario
+            query_lens = [row.query_len for row in self.step.rows]
+            args = (self.queries[layer], self.sequences[layer], query_lens)
+            exact = oracle_attention(*args, scale=s.softmax_scale, causal=s.causal)
+            naive = naive_attention(*args, scale=s.softmax_scale, causal=s.causal)
+            self._references[layer] = (exact, naive)
+        return self._references[layer]
 
     def forward_args(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``forward``'s query/key/value for ``layer``: strided views if the scenario says so."""
@@ -181,6 +201,7 @@ def scenario_caches(scenario: Scenario, **overrides: Any) -> list[LayerCache]:
         layout=s.layout,
         dp_size=s.dp_size,
         dp_rank=s.dp_rank,
+        combined_kv=s.combined_kv,
     )
     return make_layer_caches(**(args | overrides))
 
@@ -249,15 +270,10 @@ def make_step_inputs(
 
 def check_outputs(inputs: StepInputs, outputs: list[torch.Tensor]) -> list[Comparison]:
     """Compare each layer's output with the float64 oracle."""
-    s = inputs.scenario
-    query_lens = [row.query_len for row in inputs.step.rows]
-    checks = []
-    for layer, output in enumerate(outputs):
-        args = (inputs.queries[layer], inputs.sequences[layer], query_lens)
-        exact = oracle_attention(*args, scale=s.softmax_scale, causal=s.causal)
-        naive = naive_attention(*args, scale=s.softmax_scale, causal=s.causal)
-        checks.append(compare(output, exact, naive, s.dtype))
-    return checks
+    return [
+        compare(output, *inputs.reference(layer), inputs.scenario.dtype)
+        for layer, output in enumerate(outputs)
+    ]
 
 
 BackendFactory = Callable[[Scenario], AttentionBackend]

@@ -81,7 +81,12 @@ class CacheGeometry:
 def validate_layer_caches(
     layer_caches: object, *, num_kv_heads: int, head_dim: int
 ) -> CacheGeometry:
-    """Check that all layers share one geometry matching the backend's heads."""
+    """Check that all layers share one geometry matching the backend's heads.
+
+    Strided views are accepted (an engine passes the halves of one
+    ``[pages, 2, page_size, KV, D]`` tensor), so backends write through the
+    given tensors; only tensors whose own slots alias each other are refused.
+    """
     if not isinstance(layer_caches, (list, tuple)) or not layer_caches:
         raise CacheBindingError("layer_caches must be a non-empty list of LayerCache")
     first = layer_caches[0]
@@ -105,8 +110,14 @@ def validate_layer_caches(
             raise CacheBindingError(f"{where}: key and value differ in dtype or device")
         if not cache.key.dtype.is_floating_point:
             raise CacheBindingError(f"{where}: dtype {cache.key.dtype} is not floating point")
-        if not (cache.key.is_contiguous() and cache.value.is_contiguous()):
-            raise CacheBindingError(f"{where}: cache tensors must be contiguous")
+        for name in ("key", "value"):
+            tensor = getattr(cache, name)
+            if any(n > 1 and s == 0 for n, s in zip(tensor.shape, tensor.stride(), strict=True)):
+                raise CacheBindingError(
+                    f"{where}.{name} has stride 0 in a dimension of size > 1 "
+                    f"(strides {tensor.stride()}): its slots share memory, so a write "
+                    "to one would change others"
+                )
         if cache.num_kv_heads != num_kv_heads:
             raise CacheBindingError(
                 f"{where}: num_kv_heads is {cache.num_kv_heads} in the cache, "

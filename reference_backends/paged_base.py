@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from harness.contract import AttentionMetadata, Capabilities, LayerCache
-from harness.kv_pages import flat_tokens
+from harness.kv_pages import put_rows, take_rows
 from harness.validate import (
     CacheGeometry,
     CheckedMetadata,
@@ -143,12 +143,9 @@ class PagedBackendBase:
         )
         cache = self._caches[layer_idx]
         if step.write_tokens.numel():
-            flat_tokens(cache.key).index_copy_(
-                0, step.write_rows, key.index_select(0, step.write_tokens)
-            )
-            flat_tokens(cache.value).index_copy_(
-                0, step.write_rows, value.index_select(0, step.write_tokens)
-            )
+            # through the bound tensors themselves: they may be views of an engine's buffer
+            put_rows(cache.key, step.write_rows, key.index_select(0, step.write_tokens))
+            put_rows(cache.value, step.write_rows, value.index_select(0, step.write_tokens))
         return self.attend(query, cache, step)
 
     @classmethod
@@ -181,12 +178,16 @@ class PagedBackendBase:
         for row, rows in enumerate(step.sequence_rows):
             if rows is None or starts[row + 1] == starts[row]:
                 continue  # graph-mode padding: nothing to read, output unspecified
-            key = flat_tokens(cache.key).index_select(0, rows).transpose(0, 1)
-            value = flat_tokens(cache.value).index_select(0, rows).transpose(0, 1)
+            key = take_rows(cache.key, rows).transpose(0, 1)
+            value = take_rows(cache.value, rows).transpose(0, 1)
             yield slice(starts[row], starts[row + 1]), key, value
 
     def cache_rows(self, pages: list[int], length: int) -> list[int]:
-        """Flattened-cache rows of a sequence's first ``length`` tokens."""
+        """Flattened-cache rows of a sequence's first ``length`` tokens.
+
+        A row is ``local_page * page_size + offset``: a number, not a view, as
+        the cache may be strided views with no flat form (see ``take_rows``).
+        """
         geometry = self._require_bound()
         size = geometry.page_size
         base = geometry.page_offset * size

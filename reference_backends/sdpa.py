@@ -144,6 +144,8 @@ class SdpaBackend(PagedBackendBase):
     def _gather(
         self, tensor: torch.Tensor, which: str, plan: SdpaPlan, geometry: CacheGeometry
     ) -> torch.Tensor:
+        # index_select on dim 0 follows the cache's strides, so a half of an
+        # engine's combined [pages, 2, ...] tensor is read in place, never copied whole
         gathered = torch.index_select(
             tensor, 0, plan.pages, out=self._buffer(which, plan, geometry)
         )

@@ -15,12 +15,21 @@ from harness import (
     MetadataError,
     PoolLayout,
     create_attention_backend,
+    properties,
 )
 from harness.batches import BatchBuilder
 from harness.kv_pages import PagePool, make_layer_caches
 from harness.oracle import SequenceKV
-from harness.properties import bits
+from harness.properties import bits, changed_slots, run_step
+from harness.registry import BackendEntry, default_registry
 from harness.scenario import Scenario, check_outputs, make_step_inputs, run_scenario
+from suites.mutants.backends import (
+    AssumesContiguousPages,
+    DropsLastToken,
+    IgnoresPageOffset,
+    ReadsWholeLastPage,
+    WritesPaddingSlots,
+)
 
 BACKENDS = ["reference", "sdpa"]
 
@@ -403,3 +412,158 @@ def test_consecutive_steps(name, layout):
             assert result.passed, result.describe()
         checked_steps += 1
     assert checked_steps == 5
+
+
+# -- combined K/V caches: an engine's one [pages, 2, page_size, KV, D] tensor per layer ----
+
+COMBINED_SCENARIOS = {
+    "decode-per-rank": Scenario(
+        dp_size=3,
+        dp_rank=2,
+        layout=PoolLayout.PER_RANK,
+        page_size=3,
+        total_pages=50,
+        context_lens=(7, 12, 1, 20),
+        query_lens=(1, 1, 1, 1),
+    ),
+    "mixed-shuffled": Scenario(
+        page_size=5,
+        context_lens=(1, 13, 8, 21, 6),
+        query_lens=(1, 13, 3, 1, 6),
+        shuffle_pages=True,
+        dp_size=2,
+        dp_rank=1,
+    ),
+    "graph-fp16": Scenario(
+        dtype=torch.float16, pad_to=4, dp_size=2, dp_rank=1, context_lens=(6, 3), query_lens=(1, 3)
+    ),
+    "shared-prefix-strided-inputs": Scenario(
+        shared_prefix=8, context_lens=(10, 12, 9), query_lens=(2, 3, 1), noncontiguous=True
+    ),
+    "non-causal-mqa-page-1": Scenario(
+        causal=False,
+        num_heads=8,
+        num_kv_heads=1,
+        head_dim=13,
+        page_size=1,
+        context_lens=(9, 7),
+        query_lens=(3, 7),
+    ),
+}
+
+
+def combined_tensor(cache) -> torch.Tensor:
+    """The engine tensor whose halves ``cache`` holds (checked to be views, not copies)."""
+    combined = cache.key._base
+    assert combined is not None
+    assert combined is cache.value._base
+    assert combined.shape == (cache.num_pages, 2, *cache.key.shape[1:])
+    assert cache.key.data_ptr() == combined[:, 0].data_ptr() == combined.data_ptr()
+    assert cache.value.data_ptr() == combined[:, 1].data_ptr()
+    storage = combined.untyped_storage().data_ptr()
+    assert cache.key.untyped_storage().data_ptr() == storage
+    assert cache.value.untyped_storage().data_ptr() == storage
+    return combined
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("key", list(COMBINED_SCENARIOS))
+def test_combined_kv_gives_the_contiguous_result(name, key):
+    """Same outputs, bit for bit, and the same cache contents as separate contiguous tensors."""
+    scenario = COMBINED_SCENARIOS[key]
+    entry = default_registry().entry(name)
+    plain = make_step_inputs(scenario)
+    combined = make_step_inputs(replace(scenario, combined_kv=True))
+    assert "combined-kv" in combined.scenario.describe()
+    for cache in combined.caches:
+        combined_tensor(cache)
+        assert not cache.key.is_contiguous()
+    expected = run_step("combined kv", entry, plain)
+    outputs = run_step("combined kv", entry, combined)
+    for a, b in zip(expected, outputs, strict=True):
+        assert torch.equal(bits(a), bits(b))
+    for layer, check in enumerate(check_outputs(combined, outputs)):
+        assert check.checked_tokens > 0
+        assert check.passed, f"layer {layer}: {check.describe()}"
+    for ours, theirs in zip(combined.caches, plain.caches, strict=True):
+        assert torch.equal(bits(ours.key), bits(theirs.key))
+        assert torch.equal(bits(ours.value), bits(theirs.value))
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("layout", list(PoolLayout))
+def test_combined_kv_writes_land_in_the_engine_tensor(name, layout):
+    """forward(layer) changes that layer's combined tensor at its slots' K and V, nothing else."""
+    scenario = Scenario(
+        dp_size=3,
+        dp_rank=1,
+        layout=layout,
+        num_layers=3,
+        page_size=3,
+        total_pages=30,
+        pad_to=4,
+        context_lens=(7, 4, 9),
+        query_lens=(1, 4, 2),
+        combined_kv=True,
+    )
+    inputs = make_step_inputs(scenario)
+    engine = [combined_tensor(cache) for cache in inputs.caches]
+    backend = make(name, scenario)
+    backend.bind_kv_caches(inputs.caches)
+    backend.prepare(inputs.step.metadata, graph_mode=True)
+    slots = inputs.step.metadata.slot_mapping.tolist()
+    written = [(token, slot) for token, slot in enumerate(slots) if slot != -1]
+    assert len(written) == 7
+    size = scenario.page_size
+    for layer in range(scenario.num_layers):
+        before = [bits(t) for t in engine]
+        canary_before = [(bits(c.key), bits(c.value)) for c in inputs.caches]
+        backend.forward(inputs.queries[layer], inputs.keys[layer], inputs.values[layer], layer)
+        for other, (tensor, old) in enumerate(zip(engine, before, strict=True)):
+            changed = (bits(tensor) != old).flatten(3).any(-1)  # [page, K/V, offset]
+            expect = torch.zeros_like(changed)
+            if other == layer:
+                base = inputs.caches[other].page_offset * size
+                for token, slot in written:
+                    page, offset = divmod(slot - base, size)
+                    expect[page, :, offset] = True
+                    assert torch.equal(tensor[page, 0, offset], inputs.keys[layer][token])
+                    assert torch.equal(tensor[page, 1, offset], inputs.values[layer][token])
+            assert torch.equal(changed, expect), f"forward({layer}) changed layer {other}"
+        # the canary helper of the conformance suite sees the same thing through the views
+        seen = changed_slots(inputs.caches, canary_before)
+        assert seen == [{s for _, s in written} if i == layer else set() for i in range(3)]
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_combined_kv_passes_the_properties(name):
+    entry = default_registry().entry(name)
+    scenario = replace(COMBINED_SCENARIOS["mixed-shuffled"], combined_kv=True, pad_to=6)
+    properties.check_matches_oracle(entry, scenario)
+    properties.check_only_mapped_slots_change(entry, scenario)
+    properties.check_inputs_unmodified(entry, scenario)
+    properties.check_page_order_irrelevant(entry, scenario)
+    properties.check_layouts_agree(entry, scenario)
+    properties.check_deterministic(entry, scenario)
+    properties.check_rejects_foreign_pages(entry, scenario)
+    ranks = [replace(scenario, dp_rank=r) for r in range(scenario.dp_size)]
+    properties.check_every_rank_matches_oracle(entry, ranks)
+
+
+@pytest.mark.parametrize(
+    ("mutant", "changes", "check"),
+    [
+        (DropsLastToken, {}, "check_matches_oracle"),
+        (ReadsWholeLastPage, {}, "check_matches_oracle"),
+        (AssumesContiguousPages, {"shuffle_pages": True}, "check_matches_oracle"),
+        (IgnoresPageOffset, {"layout": PoolLayout.PER_RANK}, "check_matches_oracle"),
+        (WritesPaddingSlots, {"pad_to": 6}, "check_only_mapped_slots_change"),
+    ],
+    ids=lambda v: v.__name__ if isinstance(v, type) else None,
+)
+def test_mutants_keep_their_bugs_on_combined_kv(mutant, changes, check):
+    """``cache_rows`` / ``write_rows`` overrides still reach the combined tensor, bug and all."""
+    entry = BackendEntry(mutant.__name__, mutant, "test")
+    scenario = replace(COMBINED_SCENARIOS["mixed-shuffled"], combined_kv=True, **changes)
+    with pytest.raises((properties.PropertyFailure, IndexError)):
+        getattr(properties, check)(entry, scenario)

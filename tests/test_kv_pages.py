@@ -18,10 +18,13 @@ from harness.kv_pages import (
     flat_tokens,
     local_slots,
     make_layer_caches,
+    put_rows,
     read_tokens,
+    take_rows,
     token_slots,
     write_tokens,
 )
+from harness.properties import bits
 
 # --------------------------------------------------------------------------- #
 # dp_page_range
@@ -439,7 +442,7 @@ def test_token_slots_beyond_pages_raises():
         token_slots([1], [2], page_size=2)
 
 
-def _per_rank_cache(total=10, dp_size=3, dp_rank=1, page_size=3, heads=2, dim=4):
+def _per_rank_cache(total=10, dp_size=3, dp_rank=1, page_size=3, heads=2, dim=4, combined=False):
     (cache,) = make_layer_caches(
         num_layers=1,
         total_pages=total,
@@ -449,6 +452,7 @@ def _per_rank_cache(total=10, dp_size=3, dp_rank=1, page_size=3, heads=2, dim=4)
         layout=PoolLayout.PER_RANK,
         dp_size=dp_size,
         dp_rank=dp_rank,
+        combined_kv=combined,
     )
     return cache
 
@@ -523,11 +527,126 @@ def test_write_tokens_casts_to_cache_dtype():
     assert cache.value[1, 1, 0].tolist() == [3.0, 4.0]
 
 
-def test_write_tokens_rejects_slot_outside_cache():
-    cache = _per_rank_cache()  # holds global pages 4..6 -> slots 12..20
+@pytest.mark.parametrize("combined", [False, True])
+@pytest.mark.parametrize("slot", [21, 11, 0])
+def test_write_tokens_rejects_slot_outside_cache(combined, slot):
+    cache = _per_rank_cache(combined=combined)  # holds global pages 4..6 -> slots 12..20
+    before = (bits(cache.key), bits(cache.value))
     key = torch.zeros(1, 2, 4)
+    with pytest.raises((IndexError, RuntimeError)):  # below the offset too: no wrap-around
+        write_tokens(cache, torch.tensor([slot]), key, key)
+    assert torch.equal(bits(cache.key), before[0])
+    assert torch.equal(bits(cache.value), before[1])
+
+
+# --------------------------------------------------------------------------- #
+# combined K/V caches: the halves of one [pages, 2, page_size, KV, D] tensor
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("layout", list(PoolLayout))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_make_layer_caches_combined_kv(layout, dtype):
+    args = dict(
+        num_layers=3,
+        total_pages=10,
+        page_size=4,
+        num_kv_heads=2,
+        head_dim=8,
+        dtype=dtype,
+        layout=layout,
+        dp_size=3,
+        dp_rank=1,
+    )
+    plain = make_layer_caches(**args)
+    caches = make_layer_caches(**args, combined_kv=True)
+    bases = set()
+    for cache, other in zip(caches, plain, strict=True):
+        held = other.num_pages
+        combined = cache.key._base
+        assert combined is cache.value._base
+        assert combined.shape == (held, 2, 4, 2, 8)
+        assert combined.dtype == dtype
+        assert torch.isnan(combined).all()
+        # the halves are views into the one tensor, not copies of it
+        assert cache.key.data_ptr() == combined.data_ptr()
+        assert cache.value.data_ptr() == combined[:, 1].data_ptr()
+        storage = combined.untyped_storage().data_ptr()
+        assert cache.key.untyped_storage().data_ptr() == storage
+        assert cache.value.untyped_storage().data_ptr() == storage
+        assert not cache.key.is_contiguous()
+        assert not cache.value.is_contiguous()
+        assert cache.key.shape == cache.value.shape == other.key.shape
+        assert (cache.page_offset, cache.total_pages) == (other.page_offset, other.total_pages)
+        bases.add(storage)
+    assert len(bases) == 3  # every layer has a tensor of its own
+
+
+def test_flat_tokens_refuses_a_combined_half():
+    cache = _per_rank_cache(combined=True)
+    with pytest.raises(ValueError, match=r"no \[slots, heads, dim\] view"):
+        flat_tokens(cache.key)
+    # a contiguous cache and any view whose pages are evenly spaced still flatten
+    assert flat_tokens(_per_rank_cache().key).shape == (9, 2, 4)
+    assert flat_tokens(torch.zeros(1, 2, 3, 4, 5)[:, 0]).shape == (3, 4, 5)
+
+
+def test_combined_round_trip_writes_through_the_combined_tensor():
+    cache = _per_rank_cache(combined=True)  # global pages 4..6 of 10, page_size 3
+    combined = cache.key._base
+    before = bits(combined)
+    pages, length = [6, 4], 5  # not in order, ends mid-page
+    slots = torch.tensor(token_slots(pages, range(length), 3), dtype=torch.long)
+    gen = torch.Generator().manual_seed(0)
+    key = torch.randn(length, 2, 4, generator=gen)
+    value = torch.randn(length, 2, 4, generator=gen)
+    write_tokens(cache, slots, key, value)
+    got_k, got_v = read_tokens(cache, pages, length)
+    assert torch.equal(got_k, key)
+    assert torch.equal(got_v, value)
+    # global page 6 is local page 2, page 4 is local 0; half 0 is K, half 1 is V
+    assert torch.equal(combined[2, 0], key[:3])
+    assert torch.equal(combined[0, 0, :2], key[3:])
+    assert torch.equal(combined[2, 1], value[:3])
+    assert torch.equal(combined[0, 1, :2], value[3:])
+    changed = (bits(combined) != before).flatten(3).any(-1)  # [page, half, offset]
+    expect = torch.zeros_like(changed)
+    expect[2, :, :] = True
+    expect[0, :, :2] = True
+    assert torch.equal(changed, expect)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    page_size=st.integers(1, 6),
+    pages=st.integers(1, 6),
+    data=st.data(),
+)
+def test_put_and_take_rows_agree_on_combined_and_plain(page_size, pages, data):
+    """Row ``r`` is ``page * page_size + offset`` in both layouts, and only it changes."""
+    slots = pages * page_size
+    rows = data.draw(st.lists(st.integers(0, slots - 1), min_size=1, max_size=slots, unique=True))
+    index = torch.tensor(rows, dtype=torch.long)
+    src = torch.randn(len(rows), 2, 3, generator=torch.Generator().manual_seed(len(rows)))
+    plain = torch.full((pages, page_size, 2, 3), float("nan"))
+    combined = torch.full((pages, 2, page_size, 2, 3), float("nan"))
+    for tensor in (plain, combined[:, 1]):
+        put_rows(tensor, index, src)
+        assert torch.equal(take_rows(tensor, index), src)
+    assert torch.equal(bits(combined[:, 1]), bits(plain))
+    assert torch.isnan(combined[:, 0]).all()
+
+
+@pytest.mark.parametrize("combined", [False, True])
+@pytest.mark.parametrize("row", [-1, -9, 9])
+def test_put_and_take_rows_refuse_rows_outside(combined, row):
+    tensor = torch.zeros(3, 2, 3, 2, 4)[:, 0] if combined else torch.zeros(3, 3, 2, 4)
+    index = torch.tensor([row])
     with pytest.raises((IndexError, RuntimeError)):
-        write_tokens(cache, torch.tensor([21]), key, key)
+        put_rows(tensor, index, torch.ones(1, 2, 4))
+    with pytest.raises((IndexError, RuntimeError)):
+        take_rows(tensor, index)
+    assert not tensor.any()
 
 
 def test_nan_fill_is_nan_bits():

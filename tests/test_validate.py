@@ -767,6 +767,29 @@ def _noncontiguous():
     return torch.zeros(8, 4, DIM, HEADS).transpose(2, 3)
 
 
+def _aliased():
+    """Every page is the same memory (stride 0): a write to one slot changes eight."""
+    return torch.zeros(1, 4, HEADS, DIM).expand(SHAPE)
+
+
+def test_validate_layer_caches_accepts_strided_views():
+    """An engine's combined ``[pages, 2, ...]`` halves, and any other strides, bind."""
+    combined = torch.zeros(8, 2, 4, HEADS, DIM)
+    key, value = combined[:, 0], combined[:, 1]
+    assert not key.is_contiguous()
+    assert not value.is_contiguous()
+    views = [
+        layer(key, value),
+        layer(_noncontiguous(), _noncontiguous()),
+        layer(torch.zeros(16, 4, HEADS, DIM)[::2], torch.zeros(SHAPE)),
+    ]
+    geometry = validate_layer_caches(views, num_kv_heads=HEADS, head_dim=DIM)
+    assert (geometry.num_layers, geometry.num_pages, geometry.page_size) == (3, 8, 4)
+    built = caches(combined_kv=True, layout=PoolLayout.PER_RANK, dp_size=2, dp_rank=1)
+    geometry = validate_layer_caches(built, num_kv_heads=HEADS, head_dim=DIM)
+    assert (geometry.num_pages, geometry.page_offset, geometry.total_pages) == (4, 4, 8)
+
+
 BAD_CACHES = [
     ("empty-list", lambda: [], "non-empty"),
     ("single-cache-not-list", lambda: caches()[0], "non-empty"),
@@ -788,8 +811,8 @@ BAD_CACHES = [
     ),
     ("int-dtype", lambda: [layer(torch.zeros(SHAPE, dtype=torch.int32))], "torch.int32"),
     ("bool-dtype", lambda: [layer(torch.zeros(SHAPE, dtype=torch.bool))], "torch.bool"),
-    ("non-contiguous-key", lambda: [layer(_noncontiguous(), torch.zeros(SHAPE))], "contiguous"),
-    ("non-contiguous-value", lambda: [layer(torch.zeros(SHAPE), _noncontiguous())], "contiguous"),
+    ("aliased-key", lambda: [layer(_aliased(), torch.zeros(SHAPE))], "key has stride 0"),
+    ("aliased-value", lambda: [layer(torch.zeros(SHAPE), _aliased())], "value has stride 0"),
     ("wrong-kv-heads", lambda: caches(num_kv_heads=HEADS + 1), "num_kv_heads is 3"),
     ("wrong-head-dim", lambda: caches(head_dim=DIM * 2), "head_dim is 16"),
     ("zero-pages", lambda: [layer(torch.zeros(0, 4, HEADS, DIM))], "at least one page"),

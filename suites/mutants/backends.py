@@ -1,7 +1,8 @@
 """Deliberately broken backends, one realistic bug each (see each docstring).
 
 Most override one small method of a built-in, so the bug is the only
-difference from a backend that passes.
+difference from a backend that passes. ``MUTANTS`` ends with the threshold
+mutants of ``suites.mutants.thresholds`` (bugs only production shapes reach).
 """
 
 from __future__ import annotations
@@ -217,3 +218,22 @@ MUTANTS: tuple[type, ...] = (
     NonDeterministic,
     StalePlanCache,
 )
+
+# Re-exported at the bottom, so ``suites.mutants.backends:Name`` resolves for them too.
+from suites.mutants.thresholds import (  # noqa: E402, F401
+    THRESHOLD_MUTANTS,
+    DpRank3Bits,
+    GqaPack8,
+    GridCap64,
+    HardcodedBlock16,
+    HeadDimCap128,
+    PageIdInt16,
+    QueryTileCap128,
+    QueryTileCausalOffset,
+    SeqLenInt16,
+    SplitKvFloorPartitions,
+    SplitKvMaxPartitions,
+    SplitKvNoRescale,
+)
+
+MUTANTS += THRESHOLD_MUTANTS
