@@ -29,6 +29,8 @@ class Profile:
     settings: settings
     budget: Budget
     stateful_steps: int
+    production_examples: int  # per regime, in test_production_shapes
+    example_time_limit_s: float = 300.0  # one example past this fails, naming its shape
 
 
 def example_database_dir() -> Path:
@@ -46,10 +48,10 @@ def get_profile(name: str) -> Profile:
     if name == "thorough":
         database = DirectoryBasedExampleDatabase(str(example_database_dir()))
         thorough = settings(common, max_examples=1000, derandomize=False, database=database)
-        return Profile(name, thorough, THOROUGH_BUDGET, stateful_steps=50)
+        return Profile(name, thorough, THOROUGH_BUDGET, stateful_steps=50, production_examples=100)
     if name == "kill":  # only "was it caught" matters: fewer examples, no shrinking
         phases = tuple(p for p in Phase if p is not Phase.shrink)
         quick = settings(common, max_examples=20, derandomize=True, database=None, phases=phases)
-        return Profile(name, quick, CI_BUDGET, stateful_steps=10)
+        return Profile(name, quick, CI_BUDGET, stateful_steps=10, production_examples=6)
     bounded = settings(common, max_examples=100, derandomize=True, database=None)
-    return Profile(name, bounded, CI_BUDGET, stateful_steps=20)
+    return Profile(name, bounded, CI_BUDGET, stateful_steps=20, production_examples=12)

@@ -53,6 +53,7 @@ class Scenario:
     noncontiguous: bool = False  # hand forward strided views instead of dense tensors
     combined_kv: bool = False  # caches are the halves of one [pages, 2, page, KV, D] per layer
     magnitude: float = 1.0  # scales q and k: large values give large logits
+    planted_keys: int = 0  # keys per sequence given a large logit (see plant_positions)
     seed: int = 0
     device: str = "cpu"
 
@@ -82,6 +83,7 @@ class Scenario:
                 ("shuffled", self.shuffle_pages),
                 ("strided", self.noncontiguous),
                 ("combined-kv", self.combined_kv),
+                (f"planted={self.planted_keys}", self.planted_keys > 0),
             )
             if on
         ]
@@ -235,19 +237,24 @@ def make_step_inputs(
     if caches is None:
         caches = scenario_caches(s)
     gen = torch.Generator().manual_seed(s.seed)
+    planting = torch.Generator().manual_seed(s.seed + 1)  # draws apart, so seeds keep their data
     inputs = StepInputs(s, step, caches, [], [], [])
     shared_tokens = s.shared_pages * s.page_size
     for cache in caches:
         rows: list[SequenceKV | None] = []
         new_k, new_v = [], []
+        directions: list[torch.Tensor | None] = []
         for index, row in enumerate(step.rows):
             shape = (max(row.seq_len, row.query_len), s.num_kv_heads, s.head_dim)
             k, v = _random(gen, shape, s, s.magnitude), _random(gen, shape, s)
             if row.seq_id is None:  # padding: inputs that must not be written
                 rows.append(None)
+                directions.append(None)
                 new_k.append(k[: row.query_len])
                 new_v.append(v[: row.query_len])
                 continue
+            own = shared_tokens if index > 0 else 0
+            directions.append(_plant(k, s, range(own, row.seq_len), planting))
             first = rows[0] if rows else None
             if index > 0 and shared_tokens and first is not None:  # the shared pages' tokens
                 k[:shared_tokens] = first.key[:shared_tokens]
@@ -259,13 +266,56 @@ def make_step_inputs(
             rows.append(SequenceKV(k, v))
             new_k.append(k[cached:])
             new_v.append(v[cached:])
+        query = _random(gen, (step.num_tokens, s.num_heads, s.head_dim), s, s.magnitude)
+        start = 0
+        for row, direction in zip(step.rows, directions, strict=True):
+            if direction is not None:  # every query of the row leans toward the planted keys
+                tokens = query[start : start + row.query_len]
+                tokens += (direction * _query_lean(s)).to(query.dtype)
+            start += row.query_len
         inputs.sequences.append(rows)
         inputs.keys.append(torch.cat(new_k))
         inputs.values.append(torch.cat(new_v))
-        inputs.queries.append(
-            _random(gen, (step.num_tokens, s.num_heads, s.head_dim), s, s.magnitude)
-        )
+        inputs.queries.append(query)
     return inputs
+
+
+PLANTED_LOGIT = 8.0
+"""How far above the others a planted key's logit sits: at 4096 keys it holds ~40% of the weight."""
+
+
+def plant_positions(length: int, page_size: int, candidates: range) -> list[int]:
+    """Where kernels' indexing goes wrong: first and last key, page and split boundaries."""
+    marks = {0, length - 1}
+    for block in (page_size, 64, 128, 256):
+        marks |= {m + d for m in range(block, length, block) for d in (-1, 0)}
+    return sorted(p for p in marks if p in candidates)
+
+
+def _query_lean(s: Scenario) -> float:
+    return math.sqrt(s.head_dim) * s.magnitude
+
+
+def _plant(
+    key: torch.Tensor, s: Scenario, candidates: range, gen: torch.Generator
+) -> torch.Tensor | None:
+    """Give ``s.planted_keys`` boundary keys of one sequence a logit ``PLANTED_LOGIT`` higher.
+
+    Those keys and every query of the sequence share a unit direction ``u``:
+    ``q += |q| u`` and ``k += a u`` with ``scale * |q| * a = PLANTED_LOGIT``,
+    so dropping, masking or misplacing a planted key is a large error in any
+    dtype instead of one the size of rounding. Returns ``u`` (``None``: none planted).
+    """
+    positions = plant_positions(key.shape[0], s.page_size, candidates)
+    if not s.planted_keys or not positions:
+        return None
+    chosen = torch.randperm(len(positions), generator=gen)[: s.planted_keys]
+    direction = torch.randn(s.head_dim, generator=gen)
+    direction /= direction.norm()
+    lift = PLANTED_LOGIT / (s.softmax_scale * _query_lean(s))
+    for index in chosen.tolist():
+        key[positions[index]] += (direction * lift).to(key.dtype)
+    return direction
 
 
 def check_outputs(inputs: StepInputs, outputs: list[torch.Tensor]) -> list[Comparison]:

@@ -5,19 +5,40 @@ the simplest case (fp32, dp_size 1, one short sequence, small pages), so a
 failure reduces to a small reproducer. Sizes are bounded by a ``Budget``;
 the profiles in ``harness.profiles`` pick one.
 
+Production shapes (``harness.production_shapes``) are drawn two ways: by
+``production_scenarios(caps, regime)``, aimed at one family of kernel
+thresholds, and now and then inside ``scenarios`` so every property sees
+them. A ``CostLimit`` keeps each such example's memory and arithmetic bounded.
+
 Public: ``Budget``, ``geometries``, ``batches``, ``scenarios``,
-``multi_rank_scenarios``.
+``production_scenarios``, ``multi_rank_scenarios``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from hypothesis import strategies as st
 
 from harness.contract import Capabilities
 from harness.kv_pages import PoolLayout, dp_page_range, pages_needed
+from harness.production_shapes import (
+    LARGE_DP_SIZES,
+    LONG_CONTEXT,
+    LONG_CONTEXTS,
+    MANY_SEQUENCES,
+    MODEL_GEOMETRIES,
+    MQA_HEADS,
+    PRODUCTION_GROUPS,
+    PRODUCTION_HEAD_DIMS,
+    PRODUCTION_PAGE_SIZES,
+    QUERY_TILES,
+    REGIMES,
+    SPLIT_CONTEXTS,
+    WIDE_GROUPS,
+    CostLimit,
+)
 from harness.scenario import Scenario
 
 PAGE_SIZES = (2, 1, 3, 4, 5, 7, 8, 16)  # first is where shrinking lands
@@ -32,12 +53,21 @@ class Budget:
     max_seqs: int = 4
     max_context: int = 40
     max_layers: int = 3
-    max_dp_size: int = 8
+    max_dp_size: int = 16
     max_heads: int = 16
+    production: CostLimit = field(default_factory=CostLimit)
+    production_rate: int = 4  # one plain draw in this many is a production shape
 
 
 CI_BUDGET = Budget()
-THOROUGH_BUDGET = Budget(max_seqs=8, max_context=160, max_layers=4, max_heads=32)
+THOROUGH_BUDGET = Budget(
+    max_seqs=8,
+    max_context=160,
+    max_layers=4,
+    max_heads=32,
+    max_dp_size=64,
+    production=CostLimit(cache_elements=2**24, work=2**29),
+)
 
 
 @st.composite
@@ -114,6 +144,56 @@ def _pages_for(contexts: tuple[int, ...], page_size: int, shared_pages: int = 0)
     return total - shared_pages * (len(contexts) - 1)
 
 
+def _max_dp(caps: Capabilities, budget: Budget, dp_aware: bool, min_dp_size: int) -> int:
+    max_dp = min(budget.max_dp_size, caps.max_dp_size or budget.max_dp_size) if dp_aware else 1
+    if max_dp < min_dp_size:
+        raise ValueError(f"cannot draw dp_size >= {min_dp_size}: the backend allows {max_dp}")
+    return max_dp
+
+
+def _step_options(
+    draw: st.DrawFn,
+    caps: Capabilities,
+    base: Scenario,
+    contexts: tuple[int, ...],
+    queries: tuple[int, ...],
+    dp_size: int,
+    *,
+    dp_rank: int | None = None,
+    total_pages: int | None = None,
+    layout: PoolLayout | None = None,
+) -> Scenario:
+    """Everything of a step beyond its geometry and lengths: rank, pool, padding, views."""
+    shared_prefix = 0
+    cached = [c - q for c, q in zip(contexts, queries, strict=True)]
+    if len(contexts) > 1 and min(cached) >= base.page_size and draw(st.booleans()):
+        shared_prefix = draw(st.integers(base.page_size, min(cached)))
+    shared_pages = shared_prefix // base.page_size
+    pad_to = None
+    if caps.graph_mode and draw(st.booleans()):
+        pad_to = len(contexts) + draw(st.integers(0, 2))
+    if total_pages is None:
+        needed = _pages_for(contexts, base.page_size, shared_pages)
+        total_pages = _pool_size(draw, needed, dp_size)
+    return replace(
+        base,
+        context_lens=contexts,
+        query_lens=queries,
+        dp_size=dp_size,
+        dp_rank=draw(st.integers(0, dp_size - 1)) if dp_rank is None else dp_rank,
+        total_pages=total_pages,
+        layout=draw(st.sampled_from(list(PoolLayout))) if layout is None else layout,
+        pad_to=pad_to,
+        pad_query_len=draw(st.integers(1, 2)),
+        shuffle_pages=draw(st.booleans()),
+        shared_prefix=shared_prefix,
+        noncontiguous=draw(st.booleans()),
+        combined_kv=draw(st.booleans()),
+        planted_keys=draw(st.sampled_from((0, 0, 1, 3))),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
 @st.composite
 def scenarios(
     draw: st.DrawFn,
@@ -124,35 +204,202 @@ def scenarios(
     min_dp_size: int = 1,
     device: str = "cpu",
 ) -> Scenario:
-    """One rank's step with everything the contract varies, inside ``caps``, on ``device``."""
+    """One rank's step with everything the contract varies, inside ``caps``, on ``device``.
+
+    One draw in ``budget.production_rate`` is a production shape of a drawn
+    regime; the rest are small, and shrinking lands there.
+    """
+    max_dp = _max_dp(caps, budget, dp_aware, min_dp_size)
+    rate = budget.production_rate
+    if rate and draw(st.integers(0, rate - 1)) == rate - 1:
+        regime = draw(st.sampled_from(REGIMES))
+        return draw(
+            production_scenarios(
+                caps,
+                regime,
+                dp_aware=dp_aware,
+                budget=budget,
+                min_dp_size=min_dp_size,
+                device=device,
+            )
+        )
     base = draw(geometries(caps, budget, device))
     contexts, queries = draw(batches(base.page_size, budget, caps.max_seq_len))
-    max_dp = min(budget.max_dp_size, caps.max_dp_size or budget.max_dp_size) if dp_aware else 1
-    if max_dp < min_dp_size:
-        raise ValueError(f"cannot draw dp_size >= {min_dp_size}: the backend allows {max_dp}")
     dp_size = draw(st.integers(min_dp_size, max_dp))
-    shared_prefix = 0
-    cached = [c - q for c, q in zip(contexts, queries, strict=True)]
-    if len(contexts) > 1 and min(cached) >= base.page_size and draw(st.booleans()):
-        shared_prefix = draw(st.integers(base.page_size, min(cached)))
-    shared_pages = shared_prefix // base.page_size
-    pad_to = None
-    if caps.graph_mode and draw(st.booleans()):
-        pad_to = len(contexts) + draw(st.integers(0, 2))
-    return replace(
+    return _step_options(draw, caps, base, contexts, queries, dp_size)
+
+
+# -- production shapes ---------------------------------------------------------------
+
+
+def _claimed(claim: tuple[int, ...] | None, wanted: tuple[int, ...]) -> tuple[int, ...]:
+    """``wanted`` narrowed to the claim; the claim itself when none of ``wanted`` is in it."""
+    if claim is None:
+        return wanted
+    return tuple(v for v in wanted if v in claim) or tuple(claim)
+
+
+@st.composite
+def production_geometries(
+    draw: st.DrawFn, caps: Capabilities, regime: str, device: str = "cpu"
+) -> Scenario:
+    """Heads, head dim, page size and dtype of production size, aimed at ``regime``."""
+    head_dims = _claimed(caps.head_dims, PRODUCTION_HEAD_DIMS)
+    models = [m for m in MODEL_GEOMETRIES if m.head_dim in head_dims]
+    kind = draw(st.sampled_from(("model", "wide-group", "mqa", "wide-head")))
+    if regime == "head-geometry" and kind == "model" and models:
+        model = draw(st.sampled_from(models))
+        heads, kv_heads, head_dim = model.num_heads, model.num_kv_heads, model.head_dim
+    elif regime == "head-geometry":
+        kv_heads = 1 if kind == "mqa" else draw(st.sampled_from((1, 2, 4, 8)))
+        groups = {"mqa": MQA_HEADS, "wide-group": WIDE_GROUPS}.get(kind, PRODUCTION_GROUPS)
+        heads = kv_heads * draw(st.sampled_from(groups))
+        wide = tuple(d for d in head_dims if d > 128) if kind == "wide-head" else ()
+        head_dim = draw(st.sampled_from(wide or head_dims))
+    else:  # long contexts and big pools fit only with few KV heads
+        small = regime in ("long-context", "dp-groups")
+        kv_heads = draw(st.sampled_from((1, 2) if small else (1, 2, 4, 8)))
+        heads = kv_heads * draw(st.sampled_from((1, 4, 8) if small else (1, 2, 4, 8)))
+        fitting = tuple(d for d in head_dims if d <= 128) or head_dims
+        head_dim = draw(st.sampled_from(fitting if small else head_dims))
+    small_pages = (1, 2, 3, 16)
+    wanted = (
+        PRODUCTION_PAGE_SIZES if regime == "page-sizes" else small_pages + PRODUCTION_PAGE_SIZES
+    )
+    return Scenario(
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        page_size=draw(st.sampled_from(_claimed(caps.page_sizes, wanted))),
+        num_layers=1,
+        dtype=draw(st.sampled_from(caps.dtypes)),
+        scale=None,
+        causal=not draw(st.booleans()) if caps.non_causal else True,
+        device=device,
+    )
+
+
+def _kinds(length: int, work_left: int, heads_dim: int) -> list[tuple[str, int]]:
+    """Query lengths that fit the remaining work: decode, extend past a tile, prefill."""
+    options = [("decode", 1)]
+    for q in (65, 129):
+        if q < length and q * length * heads_dim <= work_left:
+            options.append(("extend", q))
+    if length * length * heads_dim <= work_left:
+        options.append(("prefill", length))
+    return options
+
+
+@st.composite
+def production_batches(
+    draw: st.DrawFn, regime: str, geometry: Scenario, limit: CostLimit, max_seq_len: int | None
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(context_lens, query_lens)`` aimed at ``regime``, inside the cost limit."""
+    g = geometry
+    heads_dim = g.num_heads * g.head_dim
+    tokens_left = limit.max_tokens(g.num_kv_heads, g.head_dim)
+    work_left = limit.work // heads_dim * heads_dim
+    cap = max_seq_len or LONG_CONTEXT * 2
+
+    def fits(length: int, query: int) -> bool:
+        slots = pages_needed(length, g.page_size) * g.page_size
+        return length <= cap and slots <= tokens_left and query * length * heads_dim <= work_left
+
+    if regime == "many-sequences":
+        count = draw(st.sampled_from(MANY_SEQUENCES))
+        menu = tuple(range(1, 49))
+    elif regime == "long-context":
+        count, menu = draw(st.integers(1, 2)), LONG_CONTEXTS
+    elif regime == "page-sizes":
+        count = draw(st.integers(1, 4))
+        menu = tuple(g.page_size * n + d for n in (1, 2, 3, 8) for d in (-1, 0, 1))
+    elif regime in ("head-geometry", "dp-groups"):
+        count = draw(st.integers(1, 3))
+        menu = SPLIT_CONTEXTS[:12] if regime == "head-geometry" else tuple(range(1, 300, 7))
+    else:
+        count, menu = draw(st.integers(1, 4)), SPLIT_CONTEXTS
+    contexts, queries = [], []
+    for _ in range(count):
+        if regime == "query-tiles":
+            query = draw(st.sampled_from(QUERY_TILES))
+            options = [(query, query), (query + draw(st.integers(1, 300)), query)]
+            options = [(length, q) for length, q in options if fits(length, q)]
+        else:
+            options = [(length, 1) for length in menu if length >= 1 and fits(length, 1)]
+        if not options:
+            break
+        length, query = draw(st.sampled_from(options))
+        if regime not in ("query-tiles", "long-context"):
+            kinds = [k for k in _kinds(length, work_left, heads_dim) if fits(length, k[1])]
+            query = draw(st.sampled_from(kinds))[1]
+        contexts.append(length)
+        queries.append(query)
+        tokens_left -= pages_needed(length, g.page_size) * g.page_size
+        work_left -= query * length * heads_dim
+    if not contexts:  # the claim or the limit leaves nothing past a threshold: stay small
+        return (min(g.page_size + 1, cap),), (1,)
+    return tuple(contexts), tuple(queries)
+
+
+def _large_pool(
+    draw: st.DrawFn, base: Scenario, needed: int, dp_size: int, dp_rank: int, limit: CostLimit
+) -> tuple[int, PoolLayout] | None:
+    """A pool whose ``dp_rank`` range starts past page 32767 (int16 page ids), if it fits."""
+    if dp_rank == 0:
+        return None
+    per_rank = max(needed + 1, -(-(2**15 + 1) // dp_rank))
+    total = per_rank * dp_size + draw(st.integers(0, dp_size - 1))
+    slots = base.num_kv_heads * base.head_dim * base.page_size
+    if total * slots <= limit.cache_elements:
+        return total, draw(st.sampled_from(list(PoolLayout)))
+    if (per_rank + 1) * slots <= limit.cache_elements:
+        return total, PoolLayout.PER_RANK
+    return None
+
+
+@st.composite
+def production_scenarios(
+    draw: st.DrawFn,
+    caps: Capabilities,
+    regime: str,
+    *,
+    dp_aware: bool = True,
+    budget: Budget = CI_BUDGET,
+    min_dp_size: int = 1,
+    device: str = "cpu",
+) -> Scenario:
+    """One rank's step of production size aimed at ``regime`` (see ``REGIMES``)."""
+    if regime not in REGIMES:
+        raise ValueError(f"unknown regime {regime!r}; choose from {', '.join(REGIMES)}")
+    limit = budget.production
+    max_dp = _max_dp(caps, replace(budget, max_dp_size=64), dp_aware, min_dp_size)
+    base = draw(production_geometries(caps, regime, device))
+    contexts, queries = draw(production_batches(regime, base, limit, caps.max_seq_len))
+    large = [d for d in LARGE_DP_SIZES if min_dp_size <= d <= max_dp]
+    if regime == "dp-groups" and large:
+        dp_size = draw(st.sampled_from(large))
+        dp_rank = dp_size - 1 - draw(st.integers(0, dp_size - 1))  # shrinks to the last rank
+    else:
+        dp_size = draw(st.integers(min_dp_size, min(max_dp, max(min_dp_size, 4))))
+        dp_rank = draw(st.integers(0, dp_size - 1))
+    needed = _pages_for(contexts, base.page_size)
+    total, layout = _pool_size(draw, needed, dp_size), None
+    if regime == "dp-groups" and draw(st.booleans()):
+        found = _large_pool(draw, base, needed, dp_size, dp_rank, limit)
+        if found is not None:
+            total, layout = found
+    if total * base.page_size * base.num_kv_heads * base.head_dim > limit.cache_elements:
+        layout = PoolLayout.PER_RANK  # the whole pool would not fit: hold this rank's pages only
+    return _step_options(
+        draw,
+        caps,
         base,
-        context_lens=contexts,
-        query_lens=queries,
-        dp_size=dp_size,
-        dp_rank=draw(st.integers(0, dp_size - 1)),
-        total_pages=_pool_size(draw, _pages_for(contexts, base.page_size, shared_pages), dp_size),
-        layout=draw(st.sampled_from(list(PoolLayout))),
-        pad_to=pad_to,
-        pad_query_len=draw(st.integers(1, 2)),
-        shuffle_pages=draw(st.booleans()),
-        shared_prefix=shared_prefix,
-        noncontiguous=draw(st.booleans()),
-        seed=draw(st.integers(0, 2**16)),
+        contexts,
+        queries,
+        dp_size,
+        dp_rank=dp_rank,
+        total_pages=total,
+        layout=layout,
     )
 
 

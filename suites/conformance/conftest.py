@@ -11,10 +11,12 @@ from hypothesis import reject
 from hypothesis import strategies as st
 
 from attn_harness_pytest import current_device, current_profile
+from harness.deadlines import CaseTimeout, deadline
 from harness.errors import Unsupported
+from harness.properties import PropertyFailure
 from harness.registry import BackendEntry
 from harness.scenario import Scenario
-from harness.strategies import multi_rank_scenarios, scenarios
+from harness.strategies import multi_rank_scenarios, production_scenarios, scenarios
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -61,6 +63,17 @@ def draw_scenario(data: st.DataObject, entry: BackendEntry, min_dp_size: int = 1
     return data.draw(strategy, label="scenario")
 
 
+def draw_production(data: st.DataObject, entry: BackendEntry, regime: str) -> Scenario:
+    strategy = production_scenarios(
+        entry.capabilities,
+        regime,
+        dp_aware=entry.accepts_dp,
+        budget=PROFILE.budget,
+        device=DEVICE,
+    )
+    return data.draw(strategy, label=f"{regime} scenario")
+
+
 def draw_ranks(data: st.DataObject, entry: BackendEntry) -> list[Scenario]:
     strategy = multi_rank_scenarios(
         entry.capabilities, dp_aware=entry.accepts_dp, budget=PROFILE.budget, device=DEVICE
@@ -74,9 +87,36 @@ def require_dp(entry: BackendEntry) -> None:
         pytest.skip(f"{entry.name} serves one rank only: no page is foreign to it")
 
 
+class ExampleTimeout(BaseException):
+    """An example overran the profile's time limit: a ``BaseException``, so hypothesis
+    reports it at once instead of re-running a hang while it shrinks."""
+
+
+def _shapes(args: tuple[Any, ...]) -> str:
+    found = [a for a in args if isinstance(a, Scenario)]
+    found += [s for a in args if isinstance(a, list) for s in a if isinstance(s, Scenario)]
+    return "".join(f"\n  scenario: {s.describe()}" for s in found[:4])
+
+
 def check(prop: Callable[..., None], *args: Any) -> None:
-    """Run a property; a backend's ``Unsupported`` discards the draw instead of failing."""
+    """Run a property within the profile's time limit.
+
+    A backend's ``Unsupported`` discards the draw instead of failing; a crash
+    (out of memory included) or an overrun fails with the drawn shape named.
+    """
+    limit = PROFILE.example_time_limit_s
     try:
-        prop(*args)
+        with deadline(limit):
+            prop(*args)
     except Unsupported:
         reject()
+    except CaseTimeout:
+        raise ExampleTimeout(
+            f"{prop.__name__} took longer than the {limit:g} s per-example limit{_shapes(args)}"
+        ) from None
+    except AssertionError:
+        raise
+    except Exception as exc:
+        raise PropertyFailure(
+            f"{prop.__name__} crashed: {type(exc).__name__}: {exc}{_shapes(args)}"
+        ) from exc

@@ -1,0 +1,124 @@
+"""What the conformance strategies draw: a distribution table over many drawn steps.
+
+    python tools/draw_distribution.py [--examples 600] [--profile ci]
+
+Draws the way the suite does (derandomized, as the ``ci`` profile), with
+the claim of a backend that claims everything: plain ``scenarios`` (which
+mix in production shapes) and each production regime in turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from harness.contract import Capabilities
+from harness.production_shapes import REGIMES
+from harness.profiles import get_profile
+from harness.scenario import Scenario
+from harness.strategies import production_scenarios, scenarios
+
+BINS = {
+    "context": (1, 64, 65, 128, 129, 256, 257, 512, 513, 1024, 1025, 2048, 2049, 4096, 4097, 32768),
+    "query length": (1, 2, 64, 65, 128, 129),
+    "page size": (1, 2, 16, 17, 32, 64, 128, 256),
+    "head dim": (1, 63, 64, 80, 96, 128, 192, 256),
+    "GQA group": (1, 2, 8, 9, 16, 17),
+    "query heads": (1, 16, 32, 64),
+    "sequences": (1, 2, 5, 64, 65),
+    "dp_size": (1, 2, 8, 9, 16, 17),
+}
+
+
+def _bin(value: int, edges: tuple[int, ...]) -> str:
+    """The bucket ``[edge, next edge)`` holding ``value``."""
+    below = [e for e in edges if e <= value]
+    if not below:
+        return f"<{edges[0]}"
+    low = below[-1]
+    higher = [e for e in edges if e > low]
+    return (
+        f"{low}" if higher and higher[0] == low + 1 else f"{low}..{higher[0] - 1 if higher else ''}"
+    )
+
+
+def collect(strategy: st.SearchStrategy[Scenario], examples: int) -> list[Scenario]:
+    drawn: list[Scenario] = []
+
+    @settings(
+        max_examples=examples,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(strategy)
+    def record(s: Scenario) -> None:
+        drawn.append(s)
+
+    record()
+    return drawn
+
+
+def describe(drawn: list[Scenario]) -> dict[str, Counter[str]]:
+    counts: dict[str, Counter[str]] = {name: Counter() for name in BINS}
+    extra: Counter[str] = Counter()
+    for s in drawn:
+        values = {
+            "context": s.context_lens,
+            "query length": s.query_lens,
+            "page size": (s.page_size,),
+            "head dim": (s.head_dim,),
+            "GQA group": (s.num_heads // s.num_kv_heads,),
+            "query heads": (s.num_heads,),
+            "sequences": (len(s.context_lens),),
+            "dp_size": (s.dp_size,),
+        }
+        for name, vals in values.items():
+            for bucket in {_bin(v, BINS[name]) for v in vals}:  # once per bucket it reaches
+                counts[name][bucket] += 1
+        extra[f"dtype {str(s.dtype).removeprefix('torch.')}"] += 1
+        extra[f"layout {s.layout.value}"] += 1
+        extra["combined K/V cache"] += s.combined_kv
+        extra["strided q/k/v"] += s.noncontiguous
+        extra["planted logits"] += s.planted_keys > 0
+        extra["graph-mode padding"] += s.graph_mode
+        extra["MQA with 32+ heads"] += s.num_kv_heads == 1 and s.num_heads >= 32
+        extra["pool not divisible by dp_size"] += s.total_pages % s.dp_size != 0
+        extra["page ids past 32767"] += s.total_pages > 32768
+    counts["other"] = extra
+    return counts
+
+
+def print_table(title: str, drawn: list[Scenario]) -> None:
+    print(f"\n## {title}: {len(drawn)} steps (a step counts once in each bucket it reaches)")
+    for name, counter in describe(drawn).items():
+        cells = ", ".join(f"{k}: {v}" for k, v in counter.items() if v)
+        print(f"- {name}: {cells}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=int, default=600)
+    parser.add_argument("--profile", default="ci")
+    args = parser.parse_args()
+    budget = get_profile(args.profile).budget
+    caps = Capabilities()
+    print_table(
+        "scenarios (every property)", collect(scenarios(caps, budget=budget), args.examples)
+    )
+    production = []
+    for regime in REGIMES:
+        production += collect(production_scenarios(caps, regime, budget=budget), args.examples // 6)
+    print_table("production regimes together", production)
+
+
+if __name__ == "__main__":
+    main()
