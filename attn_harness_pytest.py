@@ -13,12 +13,19 @@ no conformance test could check anything makes the run fail.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 PROFILES = ("ci", "thorough", "kill")  # defined in harness.profiles
-_STATE: dict[str, Any] = {"profile": "ci", "device": "cpu", "entries": None, "checked": {}}
+_STATE: dict[str, Any] = {
+    "profile": "ci",
+    "device": "cpu",
+    "time_limit": None,
+    "entries": None,
+    "checked": {},
+}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -44,12 +51,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default="cpu",
         help="device the conformance cases run on (default: cpu)",
     )
+    group.addoption(
+        "--example-time-limit",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="fail an example (naming its shape) that runs longer than this "
+        "(default: the profile's, 300 s)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "conformance: a conformance property of a backend")
     _STATE["profile"] = config.getoption("conformance_profile")
     _STATE["device"] = config.getoption("conformance_device")
+    _STATE["time_limit"] = config.getoption("example_time_limit")
     _STATE["checked"] = {}
     _STATE["entries"] = None
     specs = config.getoption("backend")
@@ -88,7 +104,10 @@ def current_profile() -> Any:
     """The ``harness.profiles.Profile`` chosen on the command line."""
     from harness.profiles import get_profile
 
-    return get_profile(_STATE["profile"])
+    profile = get_profile(_STATE["profile"])
+    if _STATE["time_limit"] is not None:
+        return replace(profile, example_time_limit_s=_STATE["time_limit"])
+    return profile
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -1,8 +1,11 @@
 """The benchmark runner: check every case against the oracle, then time it, beside its peer.
 
-For each workload case the runner builds the step once (``harness.scenario``),
-times the no-paging peer (torch SDPA over the same tokens held contiguously),
-and for each backend:
+For each workload case the runner builds the step once (``harness.scenario``):
+one ``StepInputs`` shared by the peer and every backend, so the float64 oracle
+and the naive output are computed once per case (``StepInputs.reference``
+caches them) and every output is held to the conformance suite's bound
+(``check_outputs``). It checks and times the no-paging peer (torch SDPA over
+the same tokens held contiguously), and for each backend:
 
 1. checks capabilities (``UNSUPPORTED`` outside the claim);
 2. runs one validating instance and compares its output with the float64
@@ -12,11 +15,13 @@ and for each backend:
    it), checks its first output too, then times ``prepare`` on the host
    clock and ``forward`` on the device clock, each on its own.
 
-An incorrect backend is still timed, but its record carries the failing
-status and no metrics: a fast wrong answer is never a result. Every
-exception is caught per (case, backend), so one backend that raises leaves
-the other records intact; ``CaseTimeout`` ends a case that overruns its
-deadline (SIGALRM, main thread only).
+Only what passed is timed: an incorrect backend's record (or the peer's)
+carries its failing status, the error and the oracle comparison, and no
+samples or metrics, since a fast wrong answer is never a result and timing
+it would only spend the run's time. Every exception is caught per (case,
+backend), so one backend that raises leaves the other records intact;
+``CaseTimeout`` ends a case that overruns its deadline (SIGALRM, main
+thread only).
 
 The CLI (``harness.bench_cli``) and the pytest-benchmark suites both compose
 the pieces below; neither re-implements the checking.
@@ -24,13 +29,10 @@ the pieces below; neither re-implements the checking.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import gc
 import inspect
-import signal
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -39,6 +41,7 @@ import torch
 from harness import __version__
 from harness.ceilings import RunCeilings, run_ceilings
 from harness.contract import capabilities_of
+from harness.deadlines import CaseTimeout, deadline
 from harness.environment import fingerprint
 from harness.errors import Unsupported
 from harness.metrics import rates, roofline
@@ -63,41 +66,6 @@ PREPARE_TIMING = TimingConfig(
 )
 
 
-class CaseTimeout(BaseException):
-    """A case overran its deadline (a ``BaseException``, so ``except Exception`` keeps out)."""
-
-
-@contextlib.contextmanager
-def deadline(seconds: float | None) -> Iterator[None]:
-    """Raise ``CaseTimeout`` in the block after ``seconds`` (main thread with SIGALRM only).
-
-    A Python-level hang is interrupted; a call stuck inside one native
-    kernel is interrupted when it returns.
-    """
-    usable = (
-        seconds is not None
-        and hasattr(signal, "setitimer")
-        and threading.current_thread() is threading.main_thread()
-    )
-    if not usable:
-        yield
-        return
-    assert seconds is not None
-
-    def expire(signum: int, frame: object) -> None:
-        raise CaseTimeout(f"exceeded the case deadline of {seconds:g} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    # Re-fire until the block exits: an alarm landing in code that swallows exceptions
-    # (a gc callback, a __del__) would otherwise lose the deadline.
-    signal.setitimer(signal.ITIMER_REAL, seconds, min(0.1, seconds))
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def classify(exc: BaseException) -> str:
     """The status of a case whose backend raised ``exc`` on valid input."""
     if isinstance(exc, CaseTimeout):
@@ -118,12 +86,30 @@ def describe(exc: BaseException) -> str:
 
 @dataclass
 class PreparedCase:
-    """A workload case with its deterministic inputs on the device."""
+    """A workload case with its deterministic inputs on the device.
+
+    ``inputs`` is built once and shared by the peer and every backend, so
+    its cached oracle (``StepInputs.reference``) is computed once per case.
+    Backends write into the shared caches, so ``restore_caches`` puts back
+    their state as built before each run: otherwise a backend that skips
+    writing the new K/V would pass on what an earlier backend wrote, and one
+    that writes stray slots would fail the backends after it.
+    """
 
     workload: Workload
     spec: CaseSpec
     device: str
     inputs: StepInputs
+    _pristine: list[tuple[torch.Tensor, torch.Tensor]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._pristine = [(c.key.clone(), c.value.clone()) for c in self.inputs.caches]
+
+    def restore_caches(self) -> None:
+        """Every cache back to its contents as built (new tokens' slots unwritten)."""
+        for cache, (key, value) in zip(self.inputs.caches, self._pristine, strict=True):
+            cache.key.copy_(key)
+            cache.value.copy_(value)
 
     @property
     def prefix(self) -> str:
@@ -215,7 +201,11 @@ def unsupported_reason(
 
 @dataclass
 class CheckedBackend:
-    """A backend after its oracle check; ``timed`` is the instance to time (prepared)."""
+    """A backend after its oracle check.
+
+    ``timed`` is the prepared instance to time, and is set only when the
+    verdict is ``PASSED``: a wrong answer is never timed.
+    """
 
     verdict: Verdict
     timed: Any = None
@@ -232,6 +222,7 @@ class CheckedBackend:
 
 
 def _run_once(backend: Any, case: PreparedCase, graph_mode: bool = False) -> object:
+    case.restore_caches()  # each instance starts from the caches as built, never another's
     backend.bind_kv_caches(case.inputs.caches)
     backend.prepare(case.inputs.step.metadata, graph_mode=graph_mode)
     return backend.forward(*case.forward_args(), 0)
@@ -257,6 +248,8 @@ def check_backend(
     except Exception as exc:
         return CheckedBackend(Verdict(classify(exc), describe(exc)))
     verdict = check_output(case, output)
+    if verdict.status != "PASSED":  # nothing to time: do not build the timing instance
+        return CheckedBackend(verdict)
     try:
         timed = build_backend(entry, case.spec, for_timing=True)
         first = _run_once(timed, case, graph_mode)
@@ -267,11 +260,11 @@ def check_backend(
         and isinstance(output, torch.Tensor)
         and torch.equal(first, output)
     )
-    if verdict.status == "PASSED" and not identical:
+    if not identical:  # same inputs, so the cached oracle is reused
         again = check_output(case, first)
         if again.status != "PASSED":
             again.error = f"with validate=False: {again.error}"
-            verdict = again
+            return CheckedBackend(again)
     return CheckedBackend(verdict, timed, graph_mode)
 
 
@@ -405,7 +398,8 @@ class _Runner:
             with deadline(self.config.case_timeout_s):
                 peer = ContiguousPeer(case.inputs)
                 verdict = check_output(case, peer.assemble(peer()))
-                timings["forward"] = self._time_forward(peer)
+                if verdict.status == "PASSED":  # a wrong peer gives no ratio: do not time it
+                    timings["forward"] = self._time_forward(peer)
         except CaseTimeout as exc:
             verdict, timings = Verdict("TIMEOUT", f"peer: {describe(exc)}"), {}
         except Exception as exc:  # the harness's own peer failed: say so, keep going
@@ -430,7 +424,7 @@ class _Runner:
             with deadline(self.config.case_timeout_s):
                 checked = check_backend(entry, case, graph_mode=self.graph_mode)
                 verdict = checked.verdict
-                if checked.timed is not None:
+                if checked.timed is not None:  # PASSED: only a correct answer is timed
                     timings["prepare"] = self._time_prepare(checked.prepare_fn(case))
                     timings["forward"] = self._time_forward(checked.forward_fn(case))
         except CaseTimeout as exc:
@@ -447,8 +441,6 @@ class _Runner:
             peer=peer.id,
             **timings,
         )
-        if verdict.status != "PASSED" and "forward" in timings:
-            record.flags.append(f"timed, but {verdict.status}: this time is not a valid result")
         self._finish(record, case, peer)
         self._tick(f"{case.prefix} {entry.name}")
 

@@ -151,3 +151,22 @@ def test_cuda_device_without_a_gpu_is_a_usage_error():
     result = conform("--backend", "sdpa", "--device", "cuda")
     assert result.returncode == EXIT_USAGE
     assert "no CUDA device" in result.stderr
+
+
+def test_a_hang_on_a_production_shape_fails_within_the_example_time_limit():
+    result = conform(
+        "--backend",
+        f"{FIXTURES}:HangsPastOneSplit",
+        "--",
+        "-q",
+        "-x",
+        "--example-time-limit",
+        "2",
+        "-k",
+        "test_production_shapes_match_oracle and split-kv",
+    )
+    assert result.returncode == EXIT_FAILED, result.stdout[-3000:]
+    out = result.stdout
+    assert "per-example limit" in out
+    assert "ExampleTimeout" in out
+    assert "scenario: dp " in out  # the shape that hung, in words

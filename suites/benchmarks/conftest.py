@@ -178,15 +178,17 @@ class BenchSession:
         )
 
     def peer(self, case: PreparedCase) -> CaseRecord:
-        """The case's contiguous-SDPA peer: checked, then timed like the backends."""
+        """The case's contiguous-SDPA peer: checked, then (if it passed) timed like the backends."""
         if case.prefix in self.peers:
             return self.peers[case.prefix]
         forward = None
         try:
             peer = ContiguousPeer(case.inputs)
             verdict = check_output(case, peer.assemble(peer()))
-            m = measure(peer, device=self.device, config=self.timing_config(), flusher=self.flusher)
-            forward = TimingRecord.from_measurement(m)
+            if verdict.status == "PASSED":  # a wrong answer is never timed, the peer's neither
+                config = self.timing_config()
+                m = measure(peer, device=self.device, config=config, flusher=self.flusher)
+                forward = TimingRecord.from_measurement(m)
         except Exception as exc:  # reported on the peer's record; ratios are then absent
             verdict = Verdict("RUNTIME_ERROR", f"peer: {type(exc).__name__}: {exc}")
         record = self.record(case, PEER_NAME, verdict, backend_class=PEER_CLASS, forward=forward)
