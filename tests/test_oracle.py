@@ -177,3 +177,30 @@ def test_float32_bound_is_tight_enough_to_see_one_wrong_key():
     naive = naive_attention(query, [seq], [1], scale=0.25)
     dropped = naive_attention(query, [SequenceKV(seq.key[:-1], seq.value[:-1])], [1], scale=0.25)
     assert not compare(dropped, exact, naive, torch.float32).passed
+
+
+def test_rounding_scale_is_the_probability_weighted_value_norm():
+    """``sqrt(sum_j p_j^2 ||v_j||^2)``: one key -> ||v||; spread evenly over L -> ||v|| / sqrt(L)."""
+    value = torch.tensor([[[3.0, 4.0]], [[0.0, 5.0]], [[5.0, 0.0]], [[4.0, 3.0]]])
+    key = torch.zeros(4, 1, 2)  # equal logits: uniform attention
+    result = oracle_attention(torch.ones(1, 1, 2), [SequenceKV(key, value)], [1], scale=1.0)
+    assert result.rounding_scale.item() == pytest.approx(5.0 / 2.0, rel=1e-12)
+    single = oracle_attention(torch.ones(1, 1, 2), [SequenceKV(key[:1], value[:1])], [1], scale=1.0)
+    assert single.rounding_scale.item() == pytest.approx(5.0, rel=1e-12)
+
+
+def test_grouped_heads_match_a_per_head_computation():
+    """GQA folded into ``[KV, group*q, D]`` equals expanding K/V to every query head."""
+    seq = _seq(13, 2, 8, seed=11)
+    query = torch.randn(5, 6, 8, dtype=torch.float64)
+    result = oracle_attention(query, [seq], [5], scale=0.7)
+    for head in range(6):
+        kv = head // 3
+        alone = oracle_attention(
+            query[:, head : head + 1],
+            [SequenceKV(seq.key[:, kv : kv + 1], seq.value[:, kv : kv + 1])],
+            [5],
+            scale=0.7,
+        )
+        torch.testing.assert_close(result.output[:, head], alone.output[:, 0], rtol=0, atol=1e-14)
+        torch.testing.assert_close(result.rounding_scale[:, head], alone.rounding_scale[:, 0])

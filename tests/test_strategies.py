@@ -55,7 +55,7 @@ def test_drawn_steps_are_valid_for_their_rank(s, data):
         page_range=dp_page_range(s.total_pages, s.dp_size, s.dp_rank),
     )
     assert s.num_heads % s.num_kv_heads == 0
-    assert 1 <= s.num_heads // s.num_kv_heads <= 8
+    assert s.num_heads // s.num_kv_heads >= 1
     assert all(q <= c for c, q in zip(s.context_lens, s.query_lens, strict=True))
 
 
@@ -92,6 +92,9 @@ def test_strategies_reach_every_feature():
             "magnitude",
             "scale",
             "causal",
+            "combined",
+            "planted",
+            "production",
         )
     }
 
@@ -117,6 +120,9 @@ def test_strategies_reach_every_feature():
         seen["magnitude"].add(s.magnitude > 1)
         seen["scale"].add(s.scale is not None)
         seen["causal"].add(s.causal)
+        seen["combined"].add(s.combined_kv)
+        seen["planted"].add(s.planted_keys > 0)
+        seen["production"].add(max(s.context_lens) > 256 or s.page_size >= 32)
 
     collect()
     assert set(range(1, 9)) <= seen["dp"]
@@ -136,5 +142,8 @@ def test_strategies_reach_every_feature():
         "magnitude",
         "scale",
         "causal",
+        "combined",
+        "planted",
+        "production",
     ):
         assert seen[flag] == {True, False}, flag
