@@ -180,7 +180,7 @@ def test_float32_bound_is_tight_enough_to_see_one_wrong_key():
 
 
 def test_rounding_scale_is_the_probability_weighted_value_norm():
-    """``sqrt(sum_j p_j^2 ||v_j||^2)``: one key -> ||v||; spread evenly over L -> ||v|| / sqrt(L)."""
+    """``sqrt(sum_j p_j^2 ||v_j||^2)``: one key gives ``||v||``, L even keys ``||v|| / sqrt(L)``."""
     value = torch.tensor([[[3.0, 4.0]], [[0.0, 5.0]], [[5.0, 0.0]], [[4.0, 3.0]]])
     key = torch.zeros(4, 1, 2)  # equal logits: uniform attention
     result = oracle_attention(torch.ones(1, 1, 2), [SequenceKV(key, value)], [1], scale=1.0)
