@@ -3,6 +3,7 @@ a backend's claim, and skipping what a backend declares it cannot do."""
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -103,20 +104,30 @@ def check(prop: Callable[..., None], *args: Any) -> None:
 
     A backend's ``Unsupported`` discards the draw instead of failing; a crash
     (out of memory included) or an overrun fails with the drawn shape named.
+    A failure is re-raised as text, detached from the frames that raised it:
+    hypothesis keeps every distinct failure while it shrinks, and their
+    frames hold the step's caches (hundreds of MB on a production shape).
     """
     limit = PROFILE.example_time_limit_s
+    failure: BaseException | None = None
     try:
         with deadline(limit):
             prop(*args)
     except Unsupported:
         reject()
     except CaseTimeout:
-        raise ExampleTimeout(
-            f"{prop.__name__} took longer than the {limit:g} s per-example limit{_shapes(args)}"
-        ) from None
-    except AssertionError:
-        raise
+        message = f"{prop.__name__} took longer than the {limit:g} s per-example limit"
+        failure = ExampleTimeout(message + _shapes(args))
+    except AssertionError as exc:
+        failure = (
+            type(exc)(*exc.args)
+            if isinstance(exc, PropertyFailure)
+            else AssertionError(str(exc) + _shapes(args))
+        )
     except Exception as exc:
-        raise PropertyFailure(
-            f"{prop.__name__} crashed: {type(exc).__name__}: {exc}{_shapes(args)}"
-        ) from exc
+        where = "".join(traceback.format_exception(exc, limit=-4)).rstrip()
+        failure = PropertyFailure(
+            f"{prop.__name__} crashed: {type(exc).__name__}: {exc}{_shapes(args)}\n{where}"
+        )
+    if failure is not None:
+        raise failure
