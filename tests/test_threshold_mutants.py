@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from harness import PoolLayout
-from harness.scenario import Scenario, check_outputs, run_scenario
+from harness.registry import BackendEntry
+from harness.scenario import Scenario, backend_for, check_outputs, run_scenario
 from harness.tolerance import Comparison
 from reference_backends.reference import ReferenceBackend
 from suites.mutants import backends
@@ -122,14 +123,7 @@ CASES: dict[type, tuple[list[Scenario], list[Scenario]]] = {
 
 
 def build(cls: type, s: Scenario) -> ReferenceBackend:
-    return cls(
-        num_heads=s.num_heads,
-        num_kv_heads=s.num_kv_heads,
-        head_dim=s.head_dim,
-        scale=s.softmax_scale,
-        dp_size=s.dp_size,
-        dp_rank=s.dp_rank,
-    )
+    return backend_for(BackendEntry(cls.__name__, cls, "spec"), s)
 
 
 def run(cls: type, scenario: Scenario) -> list[Comparison]:
