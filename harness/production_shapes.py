@@ -27,7 +27,7 @@ MANY_SEQUENCES = (64, 65, 96, 128)
 PRODUCTION_PAGE_SIZES = (32, 64, 128, 256)
 PRODUCTION_HEAD_DIMS = (64, 80, 96, 128, 192, 256)
 PRODUCTION_GROUPS = (1, 2, 4, 7, 8, 9, 12, 16)
-WIDE_GROUPS = (9, 12, 16)  # GQA past 8 query heads per KV head
+WIDE_GROUPS = (16, 12, 9)  # GQA past 8 query heads per KV head (Llama-3 405B, Qwen3: 16)
 MQA_HEADS = (32, 64, 71)
 LARGE_DP_SIZES = (9, 12, 16, 33, 64)
 

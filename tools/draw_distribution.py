@@ -97,10 +97,17 @@ def describe(drawn: list[Scenario]) -> dict[str, Counter[str]]:
     return counts
 
 
+def _order(bucket: str) -> tuple[int, str]:
+    """Numeric buckets by their lower edge; named ones after, alphabetically."""
+    head = bucket.split("..")[0].lstrip("<")
+    return (int(head), "") if head.isdigit() else (2**31, bucket)
+
+
 def print_table(title: str, drawn: list[Scenario]) -> None:
     print(f"\n## {title}: {len(drawn)} steps (a step counts once in each bucket it reaches)")
     for name, counter in describe(drawn).items():
-        cells = ", ".join(f"{k}: {v}" for k, v in counter.items() if v)
+        ordered = sorted(counter.items(), key=lambda kv: _order(kv[0]))
+        cells = ", ".join(f"{k}: {v}" for k, v in ordered if v)
         print(f"- {name}: {cells}")
 
 
