@@ -6,7 +6,7 @@ inputs' dtype, never tuned per backend. It models what every production
 kernel does (FlashAttention, flash-decoding, paged attention): inputs in the
 dtype, logits and their accumulation in fp32, probabilities rounded to the
 dtype before P.V, fp32 accumulation, the output rounded to the dtype. A
-correct computation of that kind has four sources of error, each charged:
+correct computation of that kind has these sources of error, each charged:
 
 * the output's final rounding: at most ``u ||o||``;
 * the rounding of each probability on its own: ``sum_j p_j d_j v_j`` with
@@ -20,12 +20,16 @@ correct computation of that kind has four sources of error, each charged:
   magnitude ``s`` moves its weight by ``exp(u32 s)``, and the output by at
   most ``2 u32 s`` times the largest value norm (``logit_scale`` is the worst
   ``s``, from ``|q|.|k|`` so cancellation cannot hide it);
+* fp32 accumulation of P.V and of the softmax's sum: a few ``u32`` times
+  the largest value norm. In fp32 this overlaps the two rounding terms
+  above, so the larger of the two is charged, not their sum, and fp32 stays
+  as tight as the old ``u v_max`` floor;
 * anything else a same-dtype implementation does (accumulation order, the
   softmax's own rounding): four times the error of ``naive_attention`` at
   the same (token, head).
 
-So ``bound = 4 e_naive + u (4 ||o|| + 6 rounding_scale) + 2 u32 value_scale
-logit_scale``. The factors leave a correct computation at a quarter of the
+So ``bound = 4 e_naive + max(u (4 ||o|| + 6 rounding_scale), 4 u32 value_scale)
++ 2 u32 value_scale logit_scale``. The factors leave a correct computation at a quarter of the
 bound or less (``python -m harness.discrimination`` measures it), while an
 all-zeros output, uniform attention, a wrong GQA head map, a 10% scale
 error, one skipped page, one dropped key or a causal mask off by one fails
