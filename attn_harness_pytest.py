@@ -136,10 +136,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         name = getattr(item, "originalname", item.name)
         module_obj = getattr(item, "module", None)
         module = module_obj.__name__ if module_obj is not None else "suites.conformance"
+        # other parameters (a production regime) narrow the replay to this one test
+        params = callspec.params if callspec is not None else {}
+        others = [str(v) for k, v in params.items() if k != "backend_entry"]
+        selector = " and ".join([name, *others])
         command = (
             f"python -m pytest --pyargs {module} -p attn_harness_pytest "
             f"--backend '{entry.name}' --conformance-profile {_STATE['profile']} "
-            f"-k '{name}'"
+            f"-k '{selector}'"
         )
         report.sections.append(("replay", f"backend {entry.name!r}, property {name}:\n  {command}"))
 

@@ -1,6 +1,6 @@
 """attn-harness: conformance and benchmarks for DP-partitioned paged attention backends.
 
-The names below are the public API (DESIGN.md §2); everything else is
+The names below are the public API; everything else is
 reachable through its module.
 """
 

@@ -1,4 +1,4 @@
-"""The backend contract of DESIGN.md §2: the public API outside backends use.
+"""The backend contract: the public API outside backends are written against.
 
 Names and field meanings here are normative; new fields only with defaults.
 """
@@ -60,7 +60,7 @@ class LayerCache:
 
 @dataclass(frozen=True, eq=False, kw_only=True)
 class AttentionMetadata:
-    """One step's batch description, shared by all layers (DESIGN.md §2.3).
+    """One step's batch description, shared by all layers.
 
     The constructor does not validate: :func:`harness.validate_metadata` does.
     """
@@ -152,7 +152,7 @@ DEFAULT_CAPABILITIES = Capabilities()
 
 @runtime_checkable
 class AttentionBackend(Protocol):
-    """What every attention backend implements (DESIGN.md §2.4).
+    """What every attention backend implements.
 
     The constructor takes ``num_heads, num_kv_heads, head_dim, scale`` and,
     when DP-aware, ``dp_size, dp_rank`` by keyword. ``forward`` writes each

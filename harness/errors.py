@@ -1,7 +1,7 @@
 """Exception types of the harness.
 
-Every error a backend or the harness raises for bad input is a ``ValueError``
-(DESIGN.md §2.4), so callers can catch one type; the subclasses let the
+Every error a backend or the harness raises for bad input is a ``ValueError``,
+so callers can catch one type; the subclasses let the
 suites tell *why* something was rejected.
 """
 

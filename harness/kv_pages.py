@@ -1,6 +1,6 @@
 """KV pages: the DP partition, the page allocator and cache construction.
 
-``dp_page_range`` is the one partition function (DESIGN.md §2.2). The
+``dp_page_range`` is the one partition function. The
 ``PagePool`` hands each rank pages only from its own range, so every batch
 built on it is by construction one that rank may legally see.
 """
@@ -47,7 +47,7 @@ def dp_page_range(total_pages: int, dp_size: int, dp_rank: int) -> range:
 
 
 class PoolLayout(enum.Enum):
-    """How cache tensors map to ranks (DESIGN.md §2.2)."""
+    """How cache tensors map to ranks."""
 
     SHARED = "shared"
     """One pool on one device; every rank binds all of it, ``page_offset = 0``."""

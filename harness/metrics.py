@@ -1,6 +1,6 @@
 """Exact work counts of one attention step, rates, and fractions of the roofline.
 
-Pure functions of the batch shape (DESIGN.md §4), with no timing or device:
+Pure functions of the batch shape, with no timing or device:
 
 * FLOPs = 4 * num_heads * head_dim * (sum over query tokens of keys seen):
   ``QK^T`` and ``PV`` are each one multiply-add (2 FLOPs) per query head,

@@ -1,7 +1,7 @@
 """The no-paging peer: torch SDPA over a case's tokens held contiguously.
 
 Every benchmark times it in the same run as the backends and reports each
-backend as a ratio to it (DESIGN.md §4): how much the paged layout costs
+backend as a ratio to it: how much the paged layout costs
 against the same attention on ``[B, KV, L, D]`` tensors that need no
 gather at all.
 """

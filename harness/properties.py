@@ -1,4 +1,4 @@
-"""The conformance properties of DESIGN.md §3, as plain functions over one backend.
+"""The conformance properties, as plain functions over one backend.
 
 Each takes a ``BackendEntry`` and drawn scenario(s) and raises
 ``PropertyFailure`` (an ``AssertionError``) saying what broke, for which

@@ -4,7 +4,7 @@ Keeps the seed's API (``register_backend``, ``get_backend``, ``list_backends``,
 ``create_attention_backend``, ``DPBackendConfig``) and fixes its defects:
 duplicates need ``replace=True``, the protocol is checked at registration,
 DP values reach only constructors that accept them, and a non-DP backend
-asked for ``dp_size > 1`` is an error naming it (DESIGN.md §2.5).
+asked for ``dp_size > 1`` is an error naming it.
 
 Built-ins and entry points are loaded on first use, not as an import side
 effect, so importing ``harness`` stays cheap and a broken third-party

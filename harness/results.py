@@ -1,7 +1,7 @@
 """The versioned results file: typed records, atomic save, strict load.
 
-``results_schema.json`` beside this module is the documented format
-(DESIGN.md §5). ``save_results`` serialises and validates in memory first,
+``results_schema.json`` beside this module is the documented format.
+``save_results`` serialises and validates in memory first,
 then writes a temporary file in the target's folder and renames it over the
 target, so a failure at any point leaves either the old file or none, never
 a partial one. ``load_results`` rejects, with a ``ResultsError`` that says

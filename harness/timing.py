@@ -38,7 +38,7 @@ import torch
 
 from harness.statistics import DEFAULT_CONFIDENCE, Summary
 
-MIN_SAMPLES = 5  # DESIGN.md §5: at least five raw samples per case
+MIN_SAMPLES = 5  # the results schema keeps at least five raw samples per case
 DEFAULT_LLC_BYTES = 32 * 2**20  # when the cache size cannot be read
 STOP_CONVERGED, STOP_BUDGET, STOP_MAX_SAMPLES = "converged", "budget", "max_samples"
 

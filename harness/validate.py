@@ -1,6 +1,6 @@
 """Validation helpers the built-in backends call (and outside backends may).
 
-The metadata constructor does not validate (DESIGN.md §2.3); these functions
+The metadata constructor does not validate; these functions
 do, once per step, and hand back host-side lists so a backend need not read
 the device tensors again. Every error names the field and the value.
 
@@ -256,7 +256,7 @@ def validate_metadata(
     total_pages: int | None = None,
     graph_mode: bool = False,
 ) -> CheckedMetadata:
-    """Check every field of ``metadata`` against DESIGN.md §2.3.
+    """Check every field of ``metadata`` against the contract.
 
     Beyond types and shapes it checks that each new token's slot is the one
     its block table implies, so a backend that writes by ``slot_mapping`` and
@@ -366,7 +366,7 @@ def _check_row(
 
 
 def check_rank_ownership(checked: CheckedMetadata, *, page_size: int, page_range: range) -> None:
-    """Reject in-use pages or written slots outside ``page_range`` (DESIGN.md §2.2)."""
+    """Reject in-use pages or written slots outside ``page_range``."""
     for row, pages in enumerate(checked.pages):
         for page in pages:
             if page not in page_range:

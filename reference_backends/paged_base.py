@@ -39,7 +39,7 @@ class PreparedStep:
 
 
 class PagedBackendBase:
-    """DP-aware paged attention skeleton following DESIGN.md §2.
+    """DP-aware paged attention skeleton following the backend contract.
 
     Set ``per_sequence_rows = False`` in a subclass that does not call
     ``sequences`` to skip building per-sequence indices in ``prepare``.

@@ -2,7 +2,7 @@
 
 Gathers each sequence's tokens from its pages, computes attention in fp32
 with an explicit stable softmax, and casts back. Slow on purpose: every step
-of the formula in DESIGN.md §2.4 is its own small method.
+of the contract's formula is its own small method.
 """
 
 from __future__ import annotations

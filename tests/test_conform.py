@@ -170,3 +170,18 @@ def test_a_hang_on_a_production_shape_fails_within_the_example_time_limit():
     assert "per-example limit" in out
     assert "ExampleTimeout" in out
     assert "scenario: dp " in out  # the shape that hung, in words
+
+
+def test_replay_of_a_production_failure_names_its_regime():
+    result = conform(
+        "--backend",
+        "suites.mutants.thresholds:GridCap64",
+        "--profile",
+        "kill",
+        "--",
+        "-q",
+        "-k",
+        "test_production_shapes_match_oracle and many-sequences",
+    )
+    assert result.returncode == EXIT_FAILED, result.stdout[-3000:]
+    assert "-k 'test_production_shapes_match_oracle and many-sequences'" in result.stdout

@@ -1,4 +1,4 @@
-"""The backend registry (DESIGN.md §2.5): the seed's defects fixed, spec and entry-point loading."""
+"""The backend registry: the seed's defects fixed, spec and entry-point loading."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Property-based conformance suite: one test per property of DESIGN.md §3.
+"""Property-based conformance suite: one test per conformance property.
 
 Run it against any backend:
 

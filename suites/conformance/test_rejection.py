@@ -1,4 +1,4 @@
-"""Property 4: what DESIGN.md §2.4 demands an outside backend reject, with ``ValueError``.
+"""Property 4: what the contract demands an outside backend reject, with ``ValueError``.
 
 Foreign pages and slots in ``prepare``, caches that do not hold the rank's
 pages or disagree with its heads in ``bind_kv_caches``, bad constructor
