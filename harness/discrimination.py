@@ -224,13 +224,13 @@ def table(
 def format_table(results: dict[tuple[str, str, str], float]) -> str:
     columns = sorted({(d, z) for _, d, z in results}, key=lambda c: (c[0], c[1]))
     cases = list(dict.fromkeys(c for c, _, _ in results))
-    head = ["case".ljust(32)] + [f"{d} {z}"[:24].rjust(24) for d, z in columns]
+    head = ["case".ljust(32)] + [f"{d} {z}".rjust(26) for d, z in columns]
     lines = ["  ".join(head)]
     for case in cases:
         cells = []
         for d, z in columns:
             ratio = results.get((case, d, z))
-            cells.append(("-" if ratio is None else f"{ratio:.3g}").rjust(24))
+            cells.append(("-" if ratio is None else f"{ratio:.3g}").rjust(26))
         lines.append("  ".join([case.ljust(32), *cells]))
     return "\n".join(lines)
 
