@@ -12,7 +12,7 @@ so memory stays at the size of the sequence's own K/V.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -79,6 +79,42 @@ def _ungrouped(result: torch.Tensor, q_len: int) -> torch.Tensor:
     return grouped.movedim(2, 0).flatten(1, 2)
 
 
+@dataclass(frozen=True)
+class _GroupedRow:
+    """One real row of a batch, laid out for GQA: its tokens, ``q [KV, G*q, D]``, ``k``/``v
+    [KV, L, D]`` and the ``[G*q, L]`` mask of keys each query may not see."""
+
+    tokens: slice
+    q_len: int
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    hidden: torch.Tensor
+
+
+def _grouped_rows(
+    query: torch.Tensor,
+    sequences: Sequence[SequenceKV | None],
+    query_lens: Sequence[int],
+    causal: bool,
+    dtype: torch.dtype,
+) -> Iterator[_GroupedRow]:
+    """The real rows of a ragged batch on the CPU in ``dtype``; padding rows are skipped."""
+    start = 0
+    for seq, q_len in zip(sequences, query_lens, strict=True):
+        tokens = slice(start, start + q_len)
+        start += q_len
+        if seq is None or q_len == 0:
+            continue
+        k = seq.key.detach().to("cpu", dtype).transpose(0, 1)
+        v = seq.value.detach().to("cpu", dtype).transpose(0, 1)
+        q = _grouped_queries(query[tokens].detach().to("cpu", dtype), k.shape[0])
+        hidden = ~_visible_mask(q_len, seq.length, causal).repeat(q.shape[1] // q_len, 1)
+        yield _GroupedRow(tokens, q_len, q, k, v, hidden)
+    if start != query.shape[0]:
+        raise ValueError(f"query_lens sum to {start} but query has {query.shape[0]} tokens")
+
+
 def oracle_attention(
     query: torch.Tensor,
     sequences: Sequence[SequenceKV | None],
@@ -94,30 +130,20 @@ def oracle_attention(
     logit_scale = torch.zeros(num_tokens, num_heads, dtype=torch.float64)
     rounding_scale = torch.zeros(num_tokens, num_heads, dtype=torch.float64)
     checked = torch.zeros(num_tokens, dtype=torch.bool)
-    start = 0
-    for seq, q_len in zip(sequences, query_lens, strict=True):
-        rows = slice(start, start + q_len)
-        start += q_len
-        if seq is None or q_len == 0:
-            continue
-        k = seq.key.detach().to("cpu", torch.float64).transpose(0, 1)  # [KV, L, D]
-        v = seq.value.detach().to("cpu", torch.float64).transpose(0, 1)
-        q = _grouped_queries(query[rows].detach().to("cpu", torch.float64), k.shape[0])
-        hidden = ~_visible_mask(q_len, seq.length, causal).repeat(q.shape[1] // q_len, 1)
+    for row in _grouped_rows(query, sequences, query_lens, causal, torch.float64):
+        q, k, hidden, rows, q_len = row.q, row.k, row.hidden, row.tokens, row.q_len
         logits = (q @ k.transpose(1, 2)) * scale  # [KV, G*q, L]
         probs = torch.softmax(logits.masked_fill(hidden, float("-inf")), dim=-1)
-        out[rows] = _ungrouped(probs @ v, q_len)
+        out[rows] = _ungrouped(probs @ row.v, q_len)
         # a bound's magnitude, not a result: float32 is ample and three times cheaper
         magnitude = (q.abs().float() @ k.abs().float().transpose(1, 2)).double() * abs(scale)
         logit_scale[rows] = _ungrouped(magnitude.masked_fill(hidden, 0).amax(-1), q_len)
-        norms = v.norm(dim=-1).unsqueeze(1)  # [KV, 1, L]
+        norms = row.v.norm(dim=-1).unsqueeze(1)  # [KV, 1, L]
         value_scale[rows] = _ungrouped(norms.masked_fill(hidden, 0).amax(-1), q_len)
         rounding_scale[rows] = _ungrouped(
             (probs.square() @ norms.square().mT).sqrt()[..., 0], q_len
         )
         checked[rows] = True
-    if start != num_tokens:
-        raise ValueError(f"query_lens sum to {start} but query has {num_tokens} tokens")
     return OracleOutput(out, value_scale, logit_scale, rounding_scale, checked)
 
 
@@ -139,18 +165,9 @@ def naive_attention(
     dtype = query.dtype
     num_tokens, num_heads, head_dim = query.shape
     out = torch.zeros(num_tokens, num_heads, head_dim, dtype=dtype)
-    start = 0
-    for seq, q_len in zip(sequences, query_lens, strict=True):
-        rows = slice(start, start + q_len)
-        start += q_len
-        if seq is None or q_len == 0:
-            continue
-        k = seq.key.detach().cpu().transpose(0, 1)  # [KV, L, D]
-        v = seq.value.detach().cpu().transpose(0, 1)
-        q = _grouped_queries(query[rows].detach().cpu(), k.shape[0])
-        hidden = ~_visible_mask(q_len, seq.length, causal).repeat(q.shape[1] // q_len, 1)
-        logits = (q.float() @ k.float().transpose(1, 2)) * scale
-        probs = torch.softmax(logits.masked_fill(hidden, float("-inf")), dim=-1)
-        result = probs.to(dtype).float() @ v.float()
-        out[rows] = _ungrouped(result, q_len).to(dtype)
+    for row in _grouped_rows(query, sequences, query_lens, causal, dtype):
+        logits = (row.q.float() @ row.k.float().transpose(1, 2)) * scale
+        probs = torch.softmax(logits.masked_fill(row.hidden, float("-inf")), dim=-1)
+        result = probs.to(dtype).float() @ row.v.float()
+        out[row.tokens] = _ungrouped(result, row.q_len).to(dtype)
     return out
