@@ -10,17 +10,17 @@ P.V) and the built-in backends. Bugs: an all-zeros output, uniform
 attention, GQA head ``h % KV``, scale x1.1, one skipped page, one dropped
 key, a causal mask off by one.
 
-    python -m harness.discrimination            # prints the table (about a minute)
+    python -m harness.discrimination            # prints the table (20-30 s on 2 cores)
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from harness.kv_pages import pages_needed
 from harness.oracle import SequenceKV
 from harness.registry import default_registry
 from harness.scenario import Scenario, StepInputs, backend_for, check_outputs, make_step_inputs
@@ -53,7 +53,7 @@ def scenario_for(size: Size, dtype: torch.dtype, seed: int = 0) -> Scenario:
         head_dim=128,
         page_size=16,
         num_layers=1,
-        total_pages=sum(-(-c // 16) for c in size.context_lens) + 1,
+        total_pages=sum(pages_needed(c, 16) for c in size.context_lens) + 1,
         context_lens=size.context_lens,
         query_lens=size.query_lens,
         dtype=dtype,
@@ -236,14 +236,12 @@ def format_table(results: dict[tuple[str, str, str], float]) -> str:
 
 
 def main() -> None:
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     results = table()
     print("worst error / bound (fails above 1):")
     print(format_table(results))
     correct = [r for (c, _, _), r in results.items() if c in CORRECT]
     bugs = [r for (c, _, _), r in results.items() if c in BUGS]
     print(f"correct: worst {max(correct):.3g}; bugs: least {min(bugs):.3g}")
-    assert math.isfinite(max(correct))
 
 
 if __name__ == "__main__":

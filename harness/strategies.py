@@ -279,15 +279,9 @@ def production_geometries(
     )
 
 
-def _kinds(length: int, work_left: int, heads_dim: int) -> list[tuple[str, int]]:
-    """Query lengths that fit the remaining work: decode, extend past a tile, prefill."""
-    options = [("decode", 1)]
-    for q in (65, 129):
-        if q < length and q * length * heads_dim <= work_left:
-            options.append(("extend", q))
-    if length * length * heads_dim <= work_left:
-        options.append(("prefill", length))
-    return options
+def _query_kinds(length: int) -> tuple[tuple[str, int], ...]:
+    """Decode, extend past a 64- and a 128-row tile, and prefill, for a ``length``-key row."""
+    return (("decode", 1), *(("extend", q) for q in (65, 129) if q < length), ("prefill", length))
 
 
 @st.composite
@@ -296,14 +290,13 @@ def production_batches(
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """``(context_lens, query_lens)`` aimed at ``regime``, inside the cost limit."""
     g = geometry
-    heads_dim = g.num_heads * g.head_dim
     tokens_left = limit.max_tokens(g.num_kv_heads, g.head_dim)
-    work_left = limit.work // heads_dim * heads_dim
+    query_context_left = limit.max_query_context(g.num_heads, g.head_dim)
     cap = max_seq_len or LONG_CONTEXT * 2
 
     def fits(length: int, query: int) -> bool:
         slots = pages_needed(length, g.page_size) * g.page_size
-        return length <= cap and slots <= tokens_left and query * length * heads_dim <= work_left
+        return length <= cap and slots <= tokens_left and query * length <= query_context_left
 
     if regime == "many-sequences":
         count = draw(st.sampled_from(MANY_SEQUENCES))
@@ -330,12 +323,12 @@ def production_batches(
             break
         length, query = draw(st.sampled_from(options))
         if regime not in ("query-tiles", "long-context"):
-            kinds = [k for k in _kinds(length, work_left, heads_dim) if fits(length, k[1])]
+            kinds = [kind for kind in _query_kinds(length) if fits(length, kind[1])]
             query = draw(st.sampled_from(kinds))[1]
         contexts.append(length)
         queries.append(query)
         tokens_left -= pages_needed(length, g.page_size) * g.page_size
-        work_left -= query * length * heads_dim
+        query_context_left -= query * length
     if not contexts:  # the claim or the limit leaves nothing past a threshold: stay small
         return (min(g.page_size + 1, cap),), (1,)
     return tuple(contexts), tuple(queries)
@@ -372,7 +365,7 @@ def production_scenarios(
     if regime not in REGIMES:
         raise ValueError(f"unknown regime {regime!r}; choose from {', '.join(REGIMES)}")
     limit = budget.production
-    max_dp = _max_dp(caps, replace(budget, max_dp_size=64), dp_aware, min_dp_size)
+    max_dp = _max_dp(caps, replace(budget, max_dp_size=max(LARGE_DP_SIZES)), dp_aware, min_dp_size)
     base = draw(production_geometries(caps, regime, device))
     contexts, queries = draw(production_batches(regime, base, limit, caps.max_seq_len))
     large = [d for d in LARGE_DP_SIZES if min_dp_size <= d <= max_dp]
