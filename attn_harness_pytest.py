@@ -9,11 +9,22 @@ Tests take the ``backend_entry`` fixture (one parametrization per selected
 backend) and ``conformance_profile``. A failed conformance test gets a
 "replay" section with the one command that reruns it; a backend for which
 no conformance test could check anything makes the run fail.
+
+Coverage: the suite records every checked example (``record_examples``);
+the run ends with a per-backend table of what was exercised, writes it as
+JUnit properties and JSON, and fails when the whole suite ran under a
+profile that promises coverage and a claimed value was never checked.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import pkgutil
+import sys
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,8 +34,13 @@ _STATE: dict[str, Any] = {
     "profile": "ci",
     "device": "cpu",
     "time_limit": None,
+    "examples": None,
     "entries": None,
     "checked": {},
+    "coverage": None,
+    "current_test": None,
+    "modules": {},
+    "deselected": False,
 }
 
 
@@ -59,6 +75,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="fail an example (naming its shape) that runs longer than this "
         "(default: the profile's, 300 s)",
     )
+    group.addoption(
+        "--examples",
+        type=int,
+        default=None,
+        metavar="N",
+        help="examples per property test (default: the profile's, 100 for ci); fewer for a "
+        "slow backend, more for a deeper run; below the profile's count, coverage is "
+        "reported but not required",
+    )
+    group.addoption(
+        "--coverage-json",
+        default=None,
+        metavar="PATH",
+        help="write the coverage tally here as JSON (default: next to --junitxml, "
+        "as NAME.coverage.json)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -66,8 +98,14 @@ def pytest_configure(config: pytest.Config) -> None:
     _STATE["profile"] = config.getoption("conformance_profile")
     _STATE["device"] = config.getoption("conformance_device")
     _STATE["time_limit"] = config.getoption("example_time_limit")
+    _STATE["examples"] = config.getoption("examples")
+    if _STATE["examples"] is not None and _STATE["examples"] < 1:
+        raise pytest.UsageError(f"--examples must be >= 1, got {_STATE['examples']}")
     _STATE["checked"] = {}
     _STATE["entries"] = None
+    _STATE["coverage"] = None
+    _STATE["modules"] = {}
+    _STATE["deselected"] = False
     specs = config.getoption("backend")
     if specs:  # resolve now, so an unloadable spec is a usage error before collection
         _STATE["entries"] = _resolve(specs)
@@ -106,8 +144,33 @@ def current_profile() -> Any:
 
     profile = get_profile(_STATE["profile"])
     if _STATE["time_limit"] is not None:
-        return replace(profile, example_time_limit_s=_STATE["time_limit"])
+        profile = replace(profile, example_time_limit_s=_STATE["time_limit"])
+    if _STATE["examples"] is not None:
+        profile = profile.with_examples(_STATE["examples"])
     return profile
+
+
+def coverage_log() -> Any:
+    """The session's ``harness.coverage.CoverageLog``."""
+    if _STATE["coverage"] is None:
+        from harness.coverage import CoverageLog
+
+        _STATE["coverage"] = CoverageLog()
+    return _STATE["coverage"]
+
+
+def record_examples(backend: str, scenarios: list[Any]) -> None:
+    """Count one checked example of the running test (every rank's step in it)."""
+    coverage_log().record(backend, _STATE["current_test"] or "?", scenarios)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _STATE["current_test"] = getattr(item, "originalname", item.name)
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    if items:
+        _STATE["deselected"] = True
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -130,6 +193,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if entry is None or not (report.when == "call" or (report.when == "setup" and report.skipped)):
         return
     item.user_properties.append(("backend", entry.name))  # kept in --junitxml
+    module = getattr(item, "module", None)
+    if module is not None:
+        _STATE["modules"].setdefault(entry.name, set()).add(module.__name__)
     counts = _STATE["checked"].setdefault(entry.name, {"passed": 0, "failed": 0, "skipped": 0})
     counts[report.outcome] = counts.get(report.outcome, 0) + 1
     if report.failed:
@@ -141,14 +207,94 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         others = [str(v) for k, v in params.items() if k != "backend_entry"]
         selector = " and ".join([name, *others])
         command = (
-            f"python -m pytest --pyargs {module} -p attn_harness_pytest "
+            f"{sys.executable} -m pytest --pyargs {module} -p attn_harness_pytest "
             f"--backend '{entry.name}' --conformance-profile {_STATE['profile']} "
             f"-k '{selector}'"
         )
         report.sections.append(("replay", f"backend {entry.name!r}, property {name}:\n  {command}"))
 
 
+def _requirements(entry: Any) -> list[Any]:
+    """What the profile promises to reach inside ``entry``'s claim (nothing if it does not)."""
+    from harness.coverage import requirements
+
+    profile = current_profile()
+    if not profile.enforces_coverage:
+        return []
+    budget = profile.budget
+    return requirements(
+        entry.capabilities,
+        dp_aware=entry.accepts_dp,
+        max_dp_size=budget.max_dp_size,
+        max_context=budget.max_context,
+        limit=budget.production,
+    )
+
+
+def _whole_suite_ran(name: str) -> bool:
+    """Every conformance module ran for this backend and nothing was deselected."""
+    import suites.conformance as package
+
+    expected = {
+        f"{package.__name__}.{m.name}"
+        for m in pkgutil.iter_modules(package.__path__)
+        if m.name.startswith("test_")
+    }
+    return not _STATE["deselected"] and expected <= _STATE["modules"].get(name, set())
+
+
+def _coverage_gaps() -> dict[str, list[Any]]:
+    """Per backend whose whole suite ran: the promised values never checked."""
+    if _STATE["coverage"] is None:
+        return {}
+    entries = {e.name: e for e in selected_entries()}
+    gaps = {}
+    for name, cover in _STATE["coverage"].backends.items():
+        if name in entries and _whole_suite_ran(name):
+            gaps[name] = cover.missing(_requirements(entries[name]))
+    return gaps
+
+
+def _write_json(path: Path, data: Any) -> None:
+    """All or nothing: a half-written coverage file is never left behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _coverage_json_path(config: pytest.Config) -> Path | None:
+    explicit = config.getoption("coverage_json")
+    if explicit:
+        return Path(explicit)
+    junit = config.getoption("xmlpath", None)
+    return Path(junit).with_suffix(".coverage.json") if junit else None
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    log = _STATE["coverage"]
+    if log is not None:
+        entries = {e.name: e for e in selected_entries()}
+        for name in sorted(log.backends):
+            wanted = _requirements(entries[name]) if name in entries else []
+            enforced = name in entries and _whole_suite_ran(name)
+            terminalreporter.write_line("")
+            for line in log.table(name, wanted if enforced else []):
+                terminalreporter.write_line(f"attn-harness {line}" if line[0] != " " else line)
+    for name, gaps in sorted(_coverage_gaps().items()):
+        if gaps:
+            terminalreporter.write_line(
+                f"attn-harness: backend {name!r} passed nothing for "
+                + "; ".join(f"{g.dimension} {g.wanted}" for g in gaps)
+                + ": the profile promises these inside its claim. Declare what the backend "
+                "cannot do in capabilities(), or see which draws it refused.",
+                red=True,
+            )
     for name, counts in sorted(_STATE["checked"].items()):
         if counts.get("passed", 0) == 0 and counts.get("failed", 0) == 0:
             terminalreporter.write_line(
@@ -158,7 +304,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             )
 
 
+@pytest.hookimpl(tryfirst=True)  # before the JUnit writer saves its file
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _save_coverage(session.config)
+    if any(_coverage_gaps().values()) and session.exitstatus == 0:
+        session.exitstatus = 1
     nothing = [
         name
         for name, counts in _STATE["checked"].items()
@@ -166,3 +316,43 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     ]
     if nothing and session.exitstatus == 0:
         session.exitstatus = 1
+
+
+def _save_coverage(config: pytest.Config) -> None:
+    """The tally as JSON next to the JUnit file, and as its test-suite properties."""
+    log = _STATE["coverage"]
+    if log is None:
+        return
+    entries = {e.name: e for e in selected_entries()}
+    wanted = {
+        name: _requirements(entries[name])
+        for name in log.backends
+        if name in entries and _whole_suite_ran(name)
+    }
+    data = {"profile": _STATE["profile"], "backends": log.as_json(wanted)}
+    path = _coverage_json_path(config)
+    if path is not None:
+        _write_json(path, data)
+    try:
+        from _pytest.junitxml import xml_key  # what record_testsuite_property uses
+    except ImportError:  # pragma: no cover - a future pytest without it
+        return
+    xml = config.stash.get(xml_key, None)
+    if xml is None:
+        return
+    for name, backend in data["backends"].items():
+        xml.add_global_property(f"coverage[{name}].examples", backend["examples"])
+        for dimension, counts in backend["dimensions"].items():
+            cells = " ".join(f"{label}={n}" for label, n in counts.items())
+            xml.add_global_property(f"coverage[{name}].{dimension}", cells)
+        if backend["stateful"].get("runs"):
+            stateful = backend["stateful"]
+            xml.add_global_property(
+                f"coverage[{name}].stateful",
+                f"runs={stateful['runs']} steps_median={stateful['steps_median']} "
+                f"steps_p10={stateful['steps_p10']}",
+            )
+        if backend["never_checked"]:
+            xml.add_global_property(
+                f"coverage[{name}].never_checked", "; ".join(backend["never_checked"])
+            )

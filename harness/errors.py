@@ -16,6 +16,10 @@ class Unsupported(ValueError):
     """
 
 
+class PropertyFailure(AssertionError):
+    """A conformance property does not hold; the message is the report."""
+
+
 class MetadataError(ValueError):
     """Attention metadata is malformed; the message names the field."""
 

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, settings
@@ -28,9 +28,27 @@ class Profile:
     name: str
     settings: settings
     budget: Budget
-    stateful_steps: int
+    stateful_steps: int  # rules per stateful run, each ending in a forward step
+    stateful_examples: int  # stateful runs
     production_examples: int  # per regime, in test_production_shapes
     example_time_limit_s: float = 300.0  # one example past this fails, naming its shape
+    enforces_coverage: bool = True  # a claimed value never checked fails the run
+
+    def with_examples(self, examples: int) -> Profile:
+        """The profile with ``examples`` per property test; production and stateful scale along.
+
+        Production shapes never drop to none. Fewer examples than the profile's
+        own cannot promise to reach every claimed value, so coverage is then
+        reported but not required.
+        """
+        default = self.settings.max_examples
+        return replace(
+            self,
+            settings=settings(self.settings, max_examples=examples),
+            production_examples=max(1, round(self.production_examples * examples / default)),
+            stateful_examples=max(1, round(self.stateful_examples * examples / default)),
+            enforces_coverage=self.enforces_coverage and examples >= default,
+        )
 
 
 def example_database_dir() -> Path:
@@ -48,10 +66,32 @@ def get_profile(name: str) -> Profile:
     if name == "thorough":
         database = DirectoryBasedExampleDatabase(str(example_database_dir()))
         thorough = settings(common, max_examples=1000, derandomize=False, database=database)
-        return Profile(name, thorough, THOROUGH_BUDGET, stateful_steps=50, production_examples=100)
+        return Profile(
+            name,
+            thorough,
+            THOROUGH_BUDGET,
+            stateful_steps=50,
+            stateful_examples=300,
+            production_examples=100,
+        )
     if name == "kill":  # only "was it caught" matters: fewer examples, no shrinking
         phases = tuple(p for p in Phase if p is not Phase.shrink)
         quick = settings(common, max_examples=20, derandomize=True, database=None, phases=phases)
-        return Profile(name, quick, CI_BUDGET, stateful_steps=10, production_examples=6)
+        return Profile(
+            name,
+            quick,
+            CI_BUDGET,
+            stateful_steps=10,
+            stateful_examples=10,
+            production_examples=6,
+            enforces_coverage=False,
+        )
     bounded = settings(common, max_examples=100, derandomize=True, database=None)
-    return Profile(name, bounded, CI_BUDGET, stateful_steps=20, production_examples=12)
+    return Profile(
+        name,
+        bounded,
+        CI_BUDGET,
+        stateful_steps=20,
+        stateful_examples=40,
+        production_examples=12,
+    )

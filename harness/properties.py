@@ -2,9 +2,9 @@
 
 Each takes a ``BackendEntry`` and drawn scenario(s) and raises
 ``PropertyFailure`` (an ``AssertionError``) saying what broke, for which
-scenario; ``harness.Unsupported`` from the backend propagates so the suite
-can skip the draw. The pytest suites in ``suites/conformance`` are thin
-wrappers over these, one test per property.
+scenario; ``harness.Unsupported`` from the backend propagates, and the suite
+reports it against the backend's claim. The pytest suites in
+``suites/conformance`` are thin wrappers over these, one test per property.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 
-from harness.contract import LayerCache
-from harness.errors import Unsupported
-from harness.kv_pages import PoolLayout, dp_page_range
+from harness.batches import BatchBuilder
+from harness.canary import bits, changed_slots, snapshot
+from harness.errors import PropertyFailure, Unsupported
+from harness.kv_pages import PagePool, PoolLayout, dp_page_range, pages_needed
 from harness.registry import BackendEntry
 from harness.scenario import (
     Scenario,
@@ -28,22 +29,15 @@ from harness.scenario import (
     scenario_caches,
     scenario_pool,
 )
+from harness.sequence_run import RankSteps
 from harness.tolerance import error_bound
 
-
-class PropertyFailure(AssertionError):
-    """A conformance property does not hold; the message is the report."""
+__all__ = ["PropertyFailure", "bits", "changed_slots"]  # re-exported for older imports
 
 
 def fail(prop: str, entry: BackendEntry, scenario: Scenario | None, detail: str) -> PropertyFailure:
     where = f"\n  scenario: {scenario.describe()}" if scenario is not None else ""
     return PropertyFailure(f"{prop} violated by backend {entry.name!r}{where}\n  {detail}")
-
-
-def bits(tensor: torch.Tensor) -> torch.Tensor:
-    """Bit patterns, so NaN canaries compare equal to themselves."""
-    as_int = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()]
-    return tensor.detach().view(as_int).cpu().clone()
 
 
 def _call(
@@ -108,25 +102,54 @@ def _assert_oracle(
             raise fail(prop, entry, s, f"layer {layer}: {result.describe()}")
 
 
-# -- 1. partition ---------------------------------------------------------------------
+# -- 1. partition: a rank keeps to its pages over many steps --------------------------
+
+PARTITION_DECODE_STEPS = 2
 
 
-def check_partition(total_pages: int, dp_size: int) -> None:
-    """Disjoint, covering, balanced, deterministic; dp_size 1 is the whole pool."""
-    ranges = [dp_page_range(total_pages, dp_size, r) for r in range(dp_size)]
-    owned = [page for r in ranges for page in r]
-    if sorted(owned) != list(range(total_pages)) or len(owned) != total_pages:
-        raise PropertyFailure(
-            f"partition of {total_pages} pages over {dp_size} ranks is not "
-            f"disjoint and covering: {ranges}"
-        )
-    sizes = [len(r) for r in ranges]
-    if max(sizes) - min(sizes) > 1 or sizes != sorted(sizes, reverse=True):
-        raise PropertyFailure(f"partition sizes {sizes} are not balanced")
-    if ranges != [dp_page_range(total_pages, dp_size, r) for r in range(dp_size)]:
-        raise PropertyFailure("partition is not deterministic")
-    if dp_page_range(total_pages, 1, 0) != range(total_pages):
-        raise PropertyFailure("dp_size 1 does not own the whole pool")
+def check_partition_respected(entry: BackendEntry, ranks: Sequence[Scenario]) -> None:
+    """Every rank of a group, on one shared pool, over consecutive steps, touches only its pages.
+
+    Each rank's sequences are prefilled, extended by their drawn query and
+    decoded, ranks interleaved step by step. After every forward, the only
+    slots changed anywhere in the pool are the step's own (so no rank writes
+    another's pages), and the output matches the oracle (so no rank reads
+    another's pages: they hold other ranks' tokens, not its own).
+    """
+    prop = "each rank keeps to its pages over many steps"
+    steps = PARTITION_DECODE_STEPS
+    per_rank = max(sum(pages_needed(c + steps, s.page_size) for c in s.context_lens) for s in ranks)
+    dp_size, total = ranks[0].dp_size, ranks[0].total_pages
+    total = max(total, per_rank * dp_size + total % dp_size)  # room to decode
+    group = [replace(s, layout=PoolLayout.SHARED, total_pages=total) for s in ranks]
+    first = group[0]
+    pool = PagePool(first.total_pages, first.dp_size, shuffle_seed=first.seed)
+    caches = scenario_caches(first)
+    gen = torch.Generator().manual_seed(first.seed)
+    runs = []
+    for s in group:
+        backend = bound_backend(prop, entry, make_step_inputs(s, caches=caches), prepare=False)
+        builder = BatchBuilder(pool, s.dp_rank, s.page_size)
+        run = RankSteps(backend, builder, caches, s, gen, f"rank {s.dp_rank}/{s.dp_size}")
+        lengths, queries = s.context_lens, s.query_lens
+        ids = [run.admit(prompt=length) for length in lengths]
+        plan = [
+            [(i, c - q) for i, c, q in zip(ids, lengths, queries, strict=True) if c > q],
+            list(zip(ids, queries, strict=True)),
+            *([(i, 1) for i in ids] for _ in range(steps)),
+        ]
+        runs.append((s, run, [requests for requests in plan if requests]))
+    for index in range(max(len(plan) for _, _, plan in runs)):
+        for s, run, plan in runs:
+            if index < len(plan):
+                try:
+                    run.step(plan[index])
+                except PropertyFailure as exc:
+                    raise fail(prop, entry, s, str(exc)) from None
+                except ValueError as exc:
+                    if isinstance(exc, Unsupported):
+                        raise
+                    raise fail(prop, entry, s, f"rejected valid input: {exc}") from exc
 
 
 # -- 2. oracle, every rank, together == alone -----------------------------------------
@@ -164,10 +187,31 @@ def check_every_rank_matches_oracle(entry: BackendEntry, ranks: Sequence[Scenari
         _assert_oracle(prop, entry, inputs, outputs)
 
 
+def real_rows(inputs: StepInputs) -> torch.Tensor:
+    """Which output rows belong to a sequence (not graph-mode padding)."""
+    return torch.tensor(
+        [row.seq_id is not None for row in inputs.step.rows for _ in range(row.query_len)],
+        dtype=torch.bool,
+    )
+
+
+def _assert_finite(
+    prop: str, entry: BackendEntry, inputs: StepInputs, outputs: list[torch.Tensor]
+) -> None:
+    """NaN is bit-equal to itself: an equality property must not pass on garbage."""
+    real = real_rows(inputs)
+    for layer, output in enumerate(outputs):
+        if not torch.isfinite(output.detach().cpu()[real]).all():
+            raise fail(prop, entry, inputs.scenario, f"layer {layer}: non-finite output")
+
+
 def check_ranks_together_equal_alone(entry: BackendEntry, ranks: Sequence[Scenario]) -> None:
+    """Bit-identical, since each rank's tokens sit on the same physical pages both ways."""
     prop = "ranks run together equal each run alone"
     for inputs, together in _run_ranks_together(prop, entry, ranks):
-        alone = run_step(prop, entry, make_step_inputs(inputs.scenario))
+        alone_inputs = make_step_inputs(inputs.scenario, pool=scenario_pool(ranks[0]))
+        alone = run_step(prop, entry, alone_inputs)
+        _assert_finite(prop, entry, inputs, together)
         for layer, (a, b) in enumerate(zip(together, alone, strict=True)):
             if not torch.equal(bits(a), bits(b)):
                 raise fail(
@@ -181,21 +225,6 @@ def check_ranks_together_equal_alone(entry: BackendEntry, ranks: Sequence[Scenar
 # -- 3. canary ----------------------------------------------------------------------------
 
 
-def changed_slots(
-    caches: list[LayerCache], before: list[tuple[torch.Tensor, torch.Tensor]]
-) -> list[set[int]]:
-    changed = []
-    for cache, (key, value) in zip(caches, before, strict=True):
-        rows = set()
-        for now, old in ((cache.key, key), (cache.value, value)):
-            diff = (bits(now) != old).flatten(0, 1).flatten(1).any(-1)
-            rows |= {
-                r + cache.page_offset * cache.page_size for r in diff.nonzero().flatten().tolist()
-            }
-        changed.append(rows)
-    return changed
-
-
 def check_only_mapped_slots_change(entry: BackendEntry, scenario: Scenario) -> None:
     """After forward(layer), exactly that step's slots changed, in that layer only."""
     prop = "only slot_mapping's slots change"
@@ -204,7 +233,7 @@ def check_only_mapped_slots_change(entry: BackendEntry, scenario: Scenario) -> N
     backend = bound_backend(prop, entry, inputs)
     mapped = {slot for slot in inputs.step.metadata.slot_mapping.tolist() if slot != -1}
     for layer in range(s.num_layers):
-        before = [(bits(c.key), bits(c.value)) for c in inputs.caches]
+        before = snapshot(inputs.caches)
         forward_layer(prop, entry, inputs, backend, layer)
         for other, rows in enumerate(changed_slots(inputs.caches, before)):
             expect = mapped if other == layer else set()
@@ -240,7 +269,7 @@ def check_rejects_foreign_pages(entry: BackendEntry, scenario: Scenario) -> None
     inputs = make_step_inputs(victim)
     foreign = make_step_inputs(other).step.metadata
     backend = bound_backend(prop, entry, inputs, prepare=False)
-    before = [(bits(c.key), bits(c.value)) for c in inputs.caches]
+    before = snapshot(inputs.caches)
     _expect_value_error(
         prop,
         entry,
@@ -272,6 +301,80 @@ def check_rejects_foreign_slot(entry: BackendEntry, scenario: Scenario) -> None:
             replace(metadata, slot_mapping=slots), graph_mode=scenario.graph_mode
         ),
     )
+
+
+def _foreign_page(scenario: Scenario, pick: int) -> int:
+    """A page of a neighbouring rank: just past the rank's range or just before it."""
+    own = dp_page_range(scenario.total_pages, scenario.dp_size, scenario.dp_rank)
+    after, before = own.stop, own.start - 1
+    choices = [p for p in (after, before) if 0 <= p < scenario.total_pages]
+    return choices[pick % len(choices)]
+
+
+def check_rejects_foreign_block_table_entry(entry: BackendEntry, scenario: Scenario) -> None:
+    """One in-use block-table entry on another rank's page, every new slot its own.
+
+    Tried on the last in-use entry of each of a few rows (the page a kernel
+    reads last, ``ceil(seq_len / page_size) - 1``) and on one other in-use
+    entry; each on a fresh backend, which must raise ``ValueError`` in
+    ``prepare`` and write nothing.
+    """
+    prop = "a foreign in-use block-table entry is rejected"
+    inputs = make_step_inputs(scenario)
+    metadata = inputs.step.metadata
+    rows = [i for i, row in enumerate(inputs.step.rows) if row.seq_id is not None]
+    picker = torch.Generator().manual_seed(scenario.seed)
+    chosen = [rows[int(i)] for i in torch.randperm(len(rows), generator=picker)[:3]]
+    targets = []
+    for row in chosen:
+        in_use = pages_needed(int(metadata.seq_lens[row]), scenario.page_size)
+        targets.append((row, in_use - 1))
+    row = chosen[0]
+    in_use = pages_needed(int(metadata.seq_lens[row]), scenario.page_size)
+    targets.append((row, int(torch.randint(in_use, (1,), generator=picker))))
+    for attempt, (row, column) in enumerate(dict.fromkeys(targets)):
+        table = metadata.block_table.clone()
+        page = _foreign_page(scenario, attempt)
+        table[row, column] = page
+        backend = bound_backend(prop, entry, inputs, prepare=False)
+        before = snapshot(inputs.caches)
+        _expect_value_error(
+            prop,
+            entry,
+            scenario,
+            f"block_table[{row}, {column}] = page {page} of another rank "
+            f"(row {row} has {pages_needed(int(metadata.seq_lens[row]), scenario.page_size)} "
+            "pages in use; no slot moved)",
+            lambda b=backend, t=table: b.prepare(
+                replace(metadata, block_table=t), graph_mode=scenario.graph_mode
+            ),
+        )
+        if any(changed_slots(inputs.caches, before)):
+            raise fail(prop, entry, scenario, "rejected prepare wrote to the cache")
+
+
+def check_stale_block_table_entries_ignored(entry: BackendEntry, scenario: Scenario) -> None:
+    """Entries past a row's in-use pages hold stale ids, as engines leave them: never rejected.
+
+    Every entry past the in-use ones (two extra columns included, and every
+    entry of a graph-mode padding row) gets a page the row does not use:
+    another rank's, or another row's of this rank. The step must run and
+    match the oracle.
+    """
+    prop = "stale block-table entries past the in-use ones are ignored"
+    inputs = make_step_inputs(scenario)
+    metadata = inputs.step.metadata
+    table = metadata.block_table
+    table = torch.cat([table, torch.full_like(table[:, :2], -1)], dim=1)
+    picker = torch.Generator().manual_seed(scenario.seed)
+    for row, step_row in enumerate(inputs.step.rows):
+        in_use = pages_needed(step_row.seq_len, scenario.page_size)
+        stale = [p for p in range(scenario.total_pages) if p not in step_row.pages]
+        for column in range(in_use, table.shape[1]) if stale else ():
+            table[row, column] = stale[int(torch.randint(len(stale), (1,), generator=picker))]
+    stale_step = replace(inputs.step, metadata=replace(metadata, block_table=table))
+    stale_inputs = replace(inputs, step=stale_step)
+    _assert_oracle(prop, entry, stale_inputs, run_step(prop, entry, stale_inputs))
 
 
 def check_bind_rejects_unbound_range(entry: BackendEntry, scenario: Scenario) -> None:
@@ -348,8 +451,7 @@ def check_inputs_unmodified(entry: BackendEntry, scenario: Scenario) -> None:
         for name, tensor, copy in zip(("query", "key", "value"), args, copies, strict=True):
             if not torch.equal(bits(tensor), copy):
                 raise fail(prop, entry, scenario, f"forward(layer {layer}) modified {name}")
-        checked = [row.seq_id is not None for row in inputs.step.rows for _ in range(row.query_len)]
-        real = torch.tensor(checked, dtype=torch.bool)
+        real = real_rows(inputs)
         if output.shape != args[0].shape or output.dtype != args[0].dtype:
             raise fail(
                 prop,
@@ -409,7 +511,9 @@ def check_layouts_agree(entry: BackendEntry, scenario: Scenario) -> None:
 
 def check_deterministic(entry: BackendEntry, scenario: Scenario) -> None:
     prop = "the same inputs give bit-identical outputs"
-    first = run_step(prop, entry, make_step_inputs(scenario))
+    inputs = make_step_inputs(scenario)
+    first = run_step(prop, entry, inputs)
+    _assert_finite(prop, entry, inputs, first)
     second = run_step(prop, entry, make_step_inputs(scenario))
     for layer, (a, b) in enumerate(zip(first, second, strict=True)):
         if not torch.equal(bits(a), bits(b)):

@@ -1,217 +1,272 @@
 """A hypothesis state machine that drives one backend per rank through many steps.
 
-Sequences are admitted to ranks, prefilled in chunks, extended, decoded,
-forked to share prefix pages, and released (their pages re-used by later
-sequences). After every step, each layer's output is checked against the
-float64 oracle over the full token history, and the cache against a canary:
-only that step's slots changed, in that layer, anywhere in the bound pool.
+Sequences are admitted to ranks, prefilled in chunks, decoded, forked to
+share prefix pages, and released (their pages re-used by sequences admitted
+later). Every rule ends in a forward step, and pools are sized so that a
+step never runs out of pages, so each run is a real program rather than a
+few idle draws. After every step, each layer's output is checked against
+the float64 oracle over the full token history, and the cache against a
+canary (``harness.sequence_run``).
+
+Each run reports what it did (forward steps, rules reached, rules skipped)
+through ``on_run``, and each step's shape through ``on_step``, so the suite
+can count them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import replace
 
 import torch
-from hypothesis import event, note
+from hypothesis import note
+from hypothesis import settings as Settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from harness.batches import BatchBuilder
-from harness.contract import LayerCache
-from harness.errors import OutOfPages
-from harness.kv_pages import PagePool, PoolLayout
-from harness.oracle import SequenceKV, naive_attention, oracle_attention
-from harness.properties import PropertyFailure, bits, changed_slots
+from harness.coverage import StatefulRun, claim_summary
+from harness.errors import OutOfPages, PropertyFailure, Unsupported
+from harness.kv_pages import PagePool, PoolLayout, pages_needed
 from harness.registry import BackendEntry
 from harness.scenario import Scenario, backend_for, scenario_caches
+from harness.sequence_run import RankSteps
 from harness.strategies import Budget, geometries
-from harness.tolerance import compare
+
+MAX_LIVE = 4
+"""Sequences one rank holds at once; pools hold this many of the longest."""
+MAX_STATEFUL_DP = 8
+"""Ranks in one machine: every step snapshots the whole pool, which grows with dp_size."""
+RULES = ("admit", "chunked-prefill", "decode", "fork", "free", "re-admit")
+MIN_RULES = 8
+"""Rules every run executes before it may end (each ends in a forward step)."""
 
 
-@dataclass
-class Rank:
-    backend: Any
-    builder: BatchBuilder
-    caches: list[LayerCache]
-    pending: dict[int, int] = field(default_factory=dict)  # prompt tokens not yet prefilled
-    history: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
+def run_machine(machine: type[RuleBasedStateMachine], settings: Settings) -> None:
+    """Run ``machine`` as a test, each run at least ``MIN_RULES`` rules long.
+
+    While exploring, hypothesis ends many runs after a rule or two; its own
+    ``_min_steps`` knob (the one its test suite uses) keeps every run a real
+    program. Should a future hypothesis drop it, runs are shorter, and the
+    coverage table's steps-per-run figure shows it.
+    """
+    floor = min(MIN_RULES, settings.stateful_step_count)
+    if "_min_steps" in inspect.signature(run_state_machine_as_test).parameters:
+        run_state_machine_as_test(machine, settings=settings, _min_steps=floor)
+    else:  # pragma: no cover - a hypothesis without the knob
+        run_state_machine_as_test(machine, settings=settings)
 
 
 def conformance_machine(
-    entry: BackendEntry, budget: Budget, device: str = "cpu"
+    entry: BackendEntry,
+    budget: Budget,
+    device: str = "cpu",
+    *,
+    on_step: Callable[[Scenario], None] | None = None,
+    on_run: Callable[[StatefulRun], None] | None = None,
 ) -> type[RuleBasedStateMachine]:
     """A state machine class bound to ``entry``, drawing inside its capabilities."""
     caps = entry.capabilities
-    max_dp = min(budget.max_dp_size, caps.max_dp_size or budget.max_dp_size)
+    max_dp = min(budget.max_dp_size, caps.max_dp_size or budget.max_dp_size, MAX_STATEFUL_DP)
     max_dp = max_dp if entry.accepts_dp else 1
+    max_context = min(budget.max_context, caps.max_seq_len or budget.max_context)
+    max_prompt = max(1, max_context - 4)  # room left to decode
 
     class BackendSteps(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            self.ranks: list[Rank] = []
-            self.steps = 0
+            self.ranks: list[RankSteps] = []
+            self.run = StatefulRun()
+            self.released: set[int] = set()  # ranks that have freed a sequence
 
         @initialize(
             geometry=geometries(caps, budget, device),
             dp_size=st.integers(1, max_dp),
             layout=st.sampled_from(list(PoolLayout)),
-            per_rank=st.integers(4, 16),
             extra=st.integers(0, 7),
             shuffle=st.booleans(),
+            data=st.data(),
         )
         def setup(
             self,
             geometry: Scenario,
             dp_size: int,
             layout: PoolLayout,
-            per_rank: int,
             extra: int,
             shuffle: bool,
+            data: st.DataObject,
         ) -> None:
-            self.geometry = g = geometry
+            g = geometry
+            per_rank = MAX_LIVE * pages_needed(max_context, g.page_size)
             total = per_rank * dp_size + extra % dp_size
-            self.pool = PagePool(total, dp_size, shuffle_seed=0 if shuffle else None)
-            group = replace(g, total_pages=total, dp_size=dp_size, layout=layout)
-            shared = scenario_caches(group) if layout is PoolLayout.SHARED else None
-            self.gen = torch.Generator().manual_seed(total)
+            pool = PagePool(total, dp_size, shuffle_seed=0 if shuffle else None)
+            self.group = replace(g, total_pages=total, dp_size=dp_size, layout=layout)
+            shared = scenario_caches(self.group) if layout is PoolLayout.SHARED else None
+            gen = torch.Generator().manual_seed(total)
             for rank in range(dp_size):
-                member = replace(group, dp_rank=rank)
+                member = replace(self.group, dp_rank=rank)
                 caches = shared or scenario_caches(member)
-                backend = backend_for(entry, member)
-                backend.bind_kv_caches(caches)
-                self.ranks.append(Rank(backend, BatchBuilder(self.pool, rank, g.page_size), caches))
+                backend = self._call(lambda m=member: backend_for(entry, m))
+                self._call(lambda b=backend, c=caches: b.bind_kv_caches(c))
+                builder = BatchBuilder(pool, rank, g.page_size)
+                self.ranks.append(RankSteps(backend, builder, caches, g, gen, f"rank {rank}"))
             note(
                 f"geometry: {g.describe()}; pool {total} pages, dp_size {dp_size}, "
                 f"{layout.value}{', shuffled' if shuffle else ''}"
             )
+            self._admit(self.ranks[0], data)  # every run starts with a step
 
-        def _random(self, shape: tuple[int, ...], magnitude: float = 1.0) -> torch.Tensor:
-            data = torch.randn(shape, generator=self.gen) * magnitude
-            return data.to(device=self.geometry.device, dtype=self.geometry.dtype)
+        def _call(self, fn: Callable[[], object]) -> object:
+            """A backend call on input inside its claim: ``Unsupported`` there is a failure."""
+            try:
+                return fn()
+            except Unsupported as exc:
+                raise PropertyFailure(
+                    f"backend {entry.name!r} raised Unsupported in a stateful run inside its "
+                    f"declared capabilities: {exc}\n  claimed vs drawn: "
+                    f"{claim_summary(caps, [self.group])}"
+                ) from exc
 
-        def _has_sequences(self) -> bool:
+        # -- which ranks a rule can act on ----------------------------------------
+
+        def _growable(self, rank: RankSteps) -> list[int]:
+            return sorted(s for s in rank.builder.sequences if rank.cached_len(s) < max_context)
+
+        def _forkable(self, rank: RankSteps) -> list[int]:
+            page = self.group.page_size
+            return sorted(s for s in self._growable(rank) if rank.cached_len(s) >= page)
+
+        def _with_room(self) -> list[RankSteps]:
+            return [r for r in self.ranks if len(r.builder.sequences) < MAX_LIVE]
+
+        def can_admit(self) -> bool:
+            return bool(self._with_room())
+
+        def can_step(self) -> bool:
+            return any(self._growable(r) for r in self.ranks)
+
+        def can_fork(self) -> bool:
+            return any(self._forkable(r) for r in self._with_room())
+
+        def can_release(self) -> bool:
             return any(r.builder.sequences for r in self.ranks)
 
+        # -- rules: each ends in a forward step --------------------------------------
+
+        @precondition(can_admit)
         @rule(data=st.data())
         def admit(self, data: st.DataObject) -> None:
-            rank = self.ranks[data.draw(st.integers(0, len(self.ranks) - 1), label="rank")]
-            seq_id = rank.builder.admit()
-            rank.pending[seq_id] = data.draw(st.integers(1, budget.max_context), label="prompt")
-            rank.history[seq_id] = []
-            self._step(rank, data, include=seq_id)  # its first prefill chunk, with others
+            self._new_request(data.draw(st.sampled_from(self._with_room()), label="rank"), data)
 
-        @precondition(_has_sequences)
+        def _new_request(self, rank: RankSteps, data: st.DataObject) -> None:
+            if self._forkable(rank) and data.draw(st.booleans(), label="prefix cache hit"):
+                self._fork(rank, data)  # its prompt starts with a cached prefix
+            else:
+                self._admit(rank, data)
+
+        def _admit(self, rank: RankSteps, data: st.DataObject) -> None:
+            index = self.ranks.index(rank)
+            self.run.reached.add("re-admit" if index in self.released else "admit")
+            seq_id = rank.admit(data.draw(st.integers(1, max_prompt), label="prompt"))
+            self._step(rank, data, include=seq_id)
+
+        @precondition(can_step)
+        @rule(data=st.data())
+        def step(self, data: st.DataObject) -> None:
+            rank = data.draw(st.sampled_from([r for r in self.ranks if self._growable(r)]))
+            if rank in self._with_room() and data.draw(st.booleans(), label="a request arrives"):
+                self._new_request(rank, data)  # as an engine schedules it: with the running ones
+            else:
+                self._step(rank, data)
+
+        @precondition(can_fork)
         @rule(data=st.data())
         def fork(self, data: st.DataObject) -> None:
-            rank = data.draw(st.sampled_from([r for r in self.ranks if r.builder.sequences]))
-            parent = data.draw(st.sampled_from(sorted(rank.builder.sequences)), label="parent")
-            cached = rank.builder.sequences[parent].cached_len
-            if cached < self.geometry.page_size:
-                return
-            child = rank.builder.fork(parent, data.draw(st.integers(0, cached), label="prefix"))
-            shared = rank.builder.sequences[child].cached_len
-            rank.history[child] = [(k[:shared], v[:shared]) for k, v in rank.history[parent]]
-            rank.pending[child] = data.draw(st.integers(1, 8), label="child prompt")
+            rank = data.draw(st.sampled_from([r for r in self._with_room() if self._forkable(r)]))
+            self._fork(rank, data)
 
-        @precondition(_has_sequences)
+        def _fork(self, rank: RankSteps, data: st.DataObject) -> None:
+            parent = data.draw(st.sampled_from(self._forkable(rank)), label="parent")
+            prefix = data.draw(st.integers(self.group.page_size, rank.cached_len(parent)))
+            prompt = data.draw(st.integers(1, 8), label="child prompt")
+            child = rank.fork(parent, prefix, prompt)
+            rank.pending[child] = min(prompt, max_context - rank.cached_len(child))
+            self.run.reached.add("fork")
+            self._step(rank, data, include=child)
+
+        @precondition(can_release)
         @rule(data=st.data())
         def release(self, data: st.DataObject) -> None:
             rank = data.draw(st.sampled_from([r for r in self.ranks if r.builder.sequences]))
-            seq_id = data.draw(st.sampled_from(sorted(rank.builder.sequences)), label="release")
-            rank.builder.release(seq_id)
-            del rank.pending[seq_id], rank.history[seq_id]
+            rank.release(data.draw(st.sampled_from(sorted(rank.builder.sequences)), label="free"))
+            self.run.reached.add("free")
+            self.released.add(self.ranks.index(rank))
+            if self._growable(rank):
+                self._step(rank, data)
+            else:
+                self.run.skipped["step after free: no sequence left to grow"] += 1
 
-        @precondition(_has_sequences)
-        @rule(data=st.data())
-        def step(self, data: st.DataObject) -> None:
-            rank = data.draw(st.sampled_from([r for r in self.ranks if r.builder.sequences]))
-            self._step(rank, data)
-
-        def _step(self, rank: Rank, data: st.DataObject, include: int | None = None) -> None:
-            others = sorted(s for s in rank.builder.sequences if s != include)
-            pick = st.lists(st.sampled_from(others), unique=True) if others else st.just([])
-            ids = data.draw(pick, label="batch")
-            if include is not None:
-                ids = [include, *ids]
-            if not ids:
-                return
+        def _step(self, rank: RankSteps, data: st.DataObject, include: int | None = None) -> None:
+            others = [s for s in self._growable(rank) if s != include]
+            if include is None:
+                ids = data.draw(st.lists(st.sampled_from(others), min_size=1, unique=True))
+            elif others:
+                ids = [include, *data.draw(st.lists(st.sampled_from(others), unique=True))]
+            else:
+                ids = [include]
             requests = []
             for seq_id in ids:
                 pending = rank.pending[seq_id]
-                # prefill in chunks while a prompt is pending, then decode one token
-                query = data.draw(st.integers(1, pending), label="chunk") if pending else 1
-                if rank.builder.sequences[seq_id].cached_len + query <= budget.max_context:
-                    requests.append((seq_id, query))
-            if not requests:
-                return
+                room = max_context - rank.cached_len(seq_id)
+                if pending:  # prefill: the whole prompt, or a chunk of it
+                    whole = data.draw(st.booleans(), label="whole prompt")
+                    chunk = st.integers(1, min(pending, room))
+                    query = min(pending, room) if whole else data.draw(chunk, label="chunk")
+                    if query < pending:
+                        self.run.reached.add("chunked-prefill")
+                else:
+                    query = 1
+                    self.run.reached.add("decode")
+                requests.append((seq_id, query))
             pad_to = None
             if caps.graph_mode and data.draw(st.booleans(), label="graph"):
                 pad_to = len(requests) + data.draw(st.integers(0, 2))
-            causal = self.geometry.causal
             try:
-                built = rank.builder.step(
-                    requests, causal=causal, pad_to=pad_to, device=self.geometry.device
-                )
+                built = self._call(lambda: rank.step(requests, pad_to=pad_to))
             except OutOfPages:
-                event("step skipped: rank out of pages")
+                self.run.skipped["step: rank out of pages"] += 1
                 return
-            for seq_id, query in requests:
-                rank.pending[seq_id] = max(0, rank.pending[seq_id] - query)
-            rank.backend.prepare(built.metadata, graph_mode=pad_to is not None)
-            self._run_layers(rank, built.rows, built.metadata.slot_mapping.tolist())
-            self.steps += 1
-
-        def _run_layers(self, rank: Rank, rows: Any, slots: list[int]) -> None:
-            g = self.geometry
-            mapped = {s for s in slots if s != -1}
-            num_tokens = len(slots)
-            for layer in range(g.num_layers):
-                new_k, new_v = [], []
-                seqs: list[SequenceKV | None] = []
-                for row in rows:
-                    k = self._random((row.query_len, g.num_kv_heads, g.head_dim), g.magnitude)
-                    v = self._random((row.query_len, g.num_kv_heads, g.head_dim))
-                    new_k.append(k)
-                    new_v.append(v)
-                    if row.seq_id is None:
-                        seqs.append(None)
-                        continue
-                    hist = rank.history[row.seq_id]
-                    if len(hist) <= layer:
-                        hist.append((k[:0], v[:0]))
-                    hist[layer] = (torch.cat([hist[layer][0], k]), torch.cat([hist[layer][1], v]))
-                    seqs.append(SequenceKV(*hist[layer]))
-                query = self._random((num_tokens, g.num_heads, g.head_dim), g.magnitude)
-                before = [(bits(c.key), bits(c.value)) for c in rank.caches]
-                out = rank.backend.forward(query, torch.cat(new_k), torch.cat(new_v), layer)
-                self._check_canary(rank, before, layer, mapped)
-                query_lens = [row.query_len for row in rows]
-                args = (query, seqs, query_lens)
-                exact = oracle_attention(*args, scale=g.softmax_scale, causal=g.causal)
-                naive = naive_attention(*args, scale=g.softmax_scale, causal=g.causal)
-                result = compare(out, exact, naive, g.dtype)
-                if not result.passed:
-                    raise PropertyFailure(
-                        f"stateful step {self.steps}, layer {layer}: output vs "
-                        f"oracle: {result.describe()}"
+            self.run.steps += 1
+            for seq_id in [s for s, _ in requests if rank.cached_len(s) >= max_context]:
+                rank.release(seq_id)  # finished: an engine frees it at once
+                self.run.reached.add("free")
+                self.released.add(self.ranks.index(rank))
+            if on_step is not None:
+                rows = [row for row in built.rows if row.seq_id is not None]
+                on_step(
+                    replace(
+                        self.group,
+                        dp_rank=self.ranks.index(rank),
+                        context_lens=tuple(row.seq_len for row in rows),
+                        query_lens=tuple(row.query_len for row in rows),
+                        pad_to=pad_to,
                     )
+                )
 
-        def _check_canary(
-            self,
-            rank: Rank,
-            before: list[tuple[torch.Tensor, torch.Tensor]],
-            layer: int,
-            mapped: set[int],
-        ) -> None:
-            for index, changed in enumerate(changed_slots(rank.caches, before)):
-                expect = mapped if index == layer else set()
-                if changed != expect:
-                    raise PropertyFailure(
-                        f"stateful step {self.steps}: forward(layer {layer}) changed layer "
-                        f"{index} slots {sorted(changed - expect)[:8]}, missed "
-                        f"{sorted(expect - changed)[:8]}"
-                    )
+        def teardown(self) -> None:
+            # hypothesis also starts runs it abandons (a draw past its buffer, a
+            # replayed prefix that no longer fits); only a run that finished counts
+            finished = sys.exc_info()[1] is None
+            if on_run is not None and self.ranks and finished:
+                on_run(self.run)
 
     BackendSteps.__name__ = f"BackendSteps[{entry.name}]"
     return BackendSteps

@@ -8,10 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import reject
 from hypothesis import strategies as st
 
-from attn_harness_pytest import current_device, current_profile
+from attn_harness_pytest import current_device, current_profile, record_examples
+from harness.coverage import claim_summary
 from harness.deadlines import CaseTimeout, deadline
 from harness.errors import Unsupported
 from harness.properties import PropertyFailure
@@ -93,28 +93,43 @@ class ExampleTimeout(BaseException):
     reports it at once instead of re-running a hang while it shrinks."""
 
 
-def _shapes(args: tuple[Any, ...]) -> str:
+def _scenarios(args: tuple[Any, ...]) -> list[Scenario]:
     found = [a for a in args if isinstance(a, Scenario)]
-    found += [s for a in args if isinstance(a, list) for s in a if isinstance(s, Scenario)]
-    return "".join(f"\n  scenario: {s.describe()}" for s in found[:4])
+    return found + [s for a in args if isinstance(a, list) for s in a if isinstance(s, Scenario)]
 
 
-def check(prop: Callable[..., None], *args: Any) -> None:
-    """Run a property within the profile's time limit.
+def _shapes(args: tuple[Any, ...]) -> str:
+    return "".join(f"\n  scenario: {s.describe()}" for s in _scenarios(args)[:4])
 
-    A backend's ``Unsupported`` discards the draw instead of failing; a crash
-    (out of memory included) or an overrun fails with the drawn shape named.
-    A failure is re-raised as text, detached from the frames that raised it:
+
+def refused_inside_claim(entry: BackendEntry, scenarios: list[Scenario], exc: Unsupported) -> str:
+    """The report of an ``Unsupported`` for a draw the backend's capabilities claim."""
+    return (
+        f"backend {entry.name!r} raised Unsupported for a step inside its declared "
+        f"capabilities: {exc}\n  claimed vs drawn: {claim_summary(entry.capabilities, scenarios)}"
+        "\n  A backend that cannot do something declares it in capabilities(); the suite "
+        "then never draws it." + "".join(f"\n  scenario: {s.describe()}" for s in scenarios[:4])
+    )
+
+
+def check(prop: Callable[..., None], entry: BackendEntry, *args: Any) -> None:
+    """Run a property within the profile's time limit and count what it checked.
+
+    Every draw lies inside the backend's claim, so an ``Unsupported`` from
+    the backend is a failure that names the claim it breaks; a crash (out of
+    memory included) or an overrun fails with the drawn shape named. A
+    failure is re-raised as text, detached from the frames that raised it:
     hypothesis keeps every distinct failure while it shrinks, and their
     frames hold the step's caches (hundreds of MB on a production shape).
     """
     limit = PROFILE.example_time_limit_s
     failure: BaseException | None = None
+    args = (entry, *args)
     try:
         with deadline(limit):
             prop(*args)
-    except Unsupported:
-        reject()
+    except Unsupported as exc:
+        failure = PropertyFailure(refused_inside_claim(entry, _scenarios(args), exc))
     except CaseTimeout:
         message = f"{prop.__name__} took longer than the {limit:g} s per-example limit"
         failure = ExampleTimeout(message + _shapes(args))
@@ -129,5 +144,6 @@ def check(prop: Callable[..., None], *args: Any) -> None:
         failure = PropertyFailure(
             f"{prop.__name__} crashed: {type(exc).__name__}: {exc}{_shapes(args)}\n{where}"
         )
+    record_examples(entry.name, _scenarios(args))
     if failure is not None:
         raise failure

@@ -1,8 +1,10 @@
 """Property 4: what the contract demands an outside backend reject, with ``ValueError``.
 
-Foreign pages and slots in ``prepare``, caches that do not hold the rank's
+Foreign pages and slots in ``prepare`` (a whole foreign step, one foreign
+in-use block-table entry, one foreign slot), caches that do not hold the rank's
 pages or disagree with its heads in ``bind_kv_caches``, bad constructor
-values. (The harness's own metadata validator is tested field by field in
+values; and stale ids past a row's in-use entries are not rejected. (The
+harness's own metadata validator is tested field by field in
 the harness's unit tests.)
 """
 
@@ -15,8 +17,10 @@ from harness.properties import (
     BAD_CONSTRUCTOR_VALUES,
     check_bind_rejects_unbound_range,
     check_constructor_rejects,
+    check_rejects_foreign_block_table_entry,
     check_rejects_foreign_pages,
     check_rejects_foreign_slot,
+    check_stale_block_table_entries_ignored,
 )
 from suites.conformance.conftest import check, conformance_settings, draw_scenario, require_dp
 
@@ -29,6 +33,27 @@ def test_foreign_pages_rejected(backend_entry, data) -> None:
         check_rejects_foreign_pages,
         backend_entry,
         draw_scenario(data, backend_entry, min_dp_size=2),
+    )
+
+
+@conformance_settings
+@given(data=st.data())
+def test_foreign_block_table_entry_rejected(backend_entry, data) -> None:
+    require_dp(backend_entry)
+    check(
+        check_rejects_foreign_block_table_entry,
+        backend_entry,
+        draw_scenario(data, backend_entry, min_dp_size=2),
+    )
+
+
+@conformance_settings
+@given(data=st.data())
+def test_stale_block_table_entries_ignored(backend_entry, data) -> None:
+    check(
+        check_stale_block_table_entries_ignored,
+        backend_entry,
+        draw_scenario(data, backend_entry),
     )
 
 

@@ -1,18 +1,32 @@
 """Many consecutive steps on one backend per rank: admit, prefill, extend, decode, fork, free.
 
-Outputs are checked against the oracle and the cache against a canary after every step.
+Outputs are checked against the oracle and the cache against a canary after
+every step; each run's steps and the rules it reached are counted in the
+coverage table.
 """
 
-from hypothesis import settings
-from hypothesis.stateful import run_state_machine_as_test
+from functools import partial
 
-from harness.stateful import conformance_machine
+from hypothesis import settings
+
+from attn_harness_pytest import coverage_log, record_examples
+from harness.stateful import conformance_machine, run_machine
 from suites.conformance.conftest import DEVICE, PROFILE
 
 
 def test_stateful_steps(backend_entry) -> None:
-    machine = conformance_machine(backend_entry, PROFILE.budget, DEVICE)
-    run_state_machine_as_test(
+    machine = conformance_machine(
+        backend_entry,
+        PROFILE.budget,
+        DEVICE,
+        on_step=lambda scenario: record_examples(backend_entry.name, [scenario]),
+        on_run=partial(coverage_log().record_stateful, backend_entry.name),
+    )
+    run_machine(
         machine,
-        settings=settings(PROFILE.settings, stateful_step_count=PROFILE.stateful_steps),
+        settings(
+            PROFILE.settings,
+            max_examples=PROFILE.stateful_examples,
+            stateful_step_count=PROFILE.stateful_steps,
+        ),
     )

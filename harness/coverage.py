@@ -1,0 +1,377 @@
+"""What a conformance run exercised: examples counted along each dimension of the inputs.
+
+A property holds only for the inputs it was given. A backend that refuses
+whole regions of its claim, or a strategy that never reaches them, would
+otherwise pass on a fraction of what it promises, and nothing would say so.
+So every checked example is tallied by dimension (dtype, DP size, rank
+position, layout, page size, ...); the run prints the tally, writes it as
+JSON and JUnit properties, and fails when a value the backend claims and the
+profile promises to reach was never checked.
+
+Public: ``DIMENSIONS``, ``labels``, ``Requirement``, ``requirements``,
+``StatefulRun``, ``CoverageLog``, ``claim_summary``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.contract import Capabilities
+from harness.kv_pages import PoolLayout, pages_needed
+from harness.production_shapes import LARGE_DP_SIZES, CostLimit
+from harness.scenario import Scenario
+
+DIMENSIONS = (
+    "dtype",
+    "dp_size",
+    "rank",
+    "layout",
+    "page_size",
+    "head_dim",
+    "heads",
+    "batch",
+    "context",
+    "query",
+    "mask",
+    "padding",
+    "shared_prefix",
+    "views",
+    "cache",
+)
+
+DP_BUCKETS = ((1, 1), (2, 2), (3, 8), (9, 16), (17, 64))
+CONTEXT_BUCKETS = ((1, 64), (65, 256), (257, 1024), (1025, 4096), (4097, 32768), (32769, None))
+QUERY_BUCKETS = ((1, 1), (2, 64), (65, 128), (129, None))
+
+
+def _bucket(value: int, buckets: tuple[tuple[int, int | None], ...]) -> str:
+    for low, high in buckets:
+        if value >= low and (high is None or value <= high):
+            return _bucket_name(low, high)
+    raise ValueError(f"{value} is in no bucket")
+
+
+def _bucket_name(low: int, high: int | None) -> str:
+    if high is None:
+        return f"{low}+"
+    return str(low) if low == high else f"{low}-{high}"
+
+
+def _row_kind(context: int, query: int) -> str:
+    if query == context:
+        return "prefill"
+    return "decode" if query == 1 else "extend"
+
+
+def _rank_position(s: Scenario) -> str:
+    if s.dp_size == 1:
+        return "only"
+    if s.dp_rank == 0:
+        return "first"
+    return "last" if s.dp_rank == s.dp_size - 1 else "middle"
+
+
+def _heads(s: Scenario) -> str:
+    group = s.num_heads // s.num_kv_heads
+    if group == 1:
+        return "MHA"
+    if s.num_kv_heads == 1:
+        return "MQA"
+    return "GQA 2-8" if group <= 8 else "GQA 9+"
+
+
+def labels(s: Scenario) -> dict[str, str]:
+    """The value of each dimension for one rank's step."""
+    kinds = {_row_kind(c, q) for c, q in zip(s.context_lens, s.query_lens, strict=True)}
+    return {
+        "dtype": str(s.dtype).removeprefix("torch."),
+        "dp_size": _bucket(s.dp_size, DP_BUCKETS),
+        "rank": _rank_position(s),
+        "layout": s.layout.value,
+        "page_size": str(s.page_size),
+        "head_dim": str(s.head_dim),
+        "heads": _heads(s),
+        "batch": kinds.pop() if len(kinds) == 1 else "mixed",
+        "context": _bucket(max(s.context_lens), CONTEXT_BUCKETS),
+        "query": _bucket(max(s.query_lens), QUERY_BUCKETS),
+        "mask": "causal" if s.causal else "non-causal",
+        "padding": "graph-padded" if s.graph_mode else "none",
+        "shared_prefix": "shared" if s.shared_prefix else "none",
+        "views": "strided" if s.noncontiguous else "dense",
+        "cache": "combined K/V" if s.combined_kv else "separate K/V",
+    }
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """A value of one dimension that a run must reach: ``wanted`` names it for people."""
+
+    dimension: str
+    wanted: str
+    matches: Callable[[str], bool]
+
+    def met_by(self, counts: Counter[str]) -> bool:
+        return any(n > 0 and self.matches(label) for label, n in counts.items())
+
+
+def _exactly(dimension: str, value: str) -> Requirement:
+    return Requirement(dimension, value, lambda label: label == value)
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n & (n - 1) == 0
+
+
+def _reachable_dp_sizes(caps: Capabilities, dp_aware: bool, max_dp_size: int) -> set[int]:
+    if not dp_aware:
+        return {1}
+    claim = caps.max_dp_size or max(LARGE_DP_SIZES)
+    plain = set(range(1, min(claim, max_dp_size) + 1))
+    return plain | {d for d in LARGE_DP_SIZES if d <= claim}
+
+
+def _longest_reachable_context(caps: Capabilities, limit: CostLimit) -> int:
+    """The longest context the production draws can afford with the cheapest claimed shape."""
+    head_dim = min(caps.head_dims or (8,))
+    page = min(caps.page_sizes or (1,))
+    longest = limit.cache_elements // head_dim  # one KV head
+    longest -= longest % page  # whole pages
+    if caps.max_seq_len is not None:
+        longest = min(longest, caps.max_seq_len)
+    return longest
+
+
+def requirements(
+    caps: Capabilities,
+    *,
+    dp_aware: bool,
+    max_dp_size: int,
+    max_context: int,
+    limit: CostLimit,
+) -> list[Requirement]:
+    """Values of each dimension the ``ci`` and ``thorough`` profiles reach inside ``caps``.
+
+    Only what every draw path can afford is promised: a claimed dtype, page
+    size or head dim, each pool layout, each batch kind, DP sizes and
+    context buckets up to what the claim and the cost limit allow.
+    """
+    wanted = [_exactly("dtype", str(d).removeprefix("torch.")) for d in caps.dtypes]
+    dp_sizes = _reachable_dp_sizes(caps, dp_aware, max_dp_size)
+    for low, high in DP_BUCKETS:
+        if any(low <= d <= (high or d) for d in dp_sizes):
+            wanted.append(_exactly("dp_size", _bucket_name(low, high)))
+    positions = ["only"] + (["first", "last"] if max(dp_sizes) >= 2 else [])
+    positions += ["middle"] if max(dp_sizes) >= 3 else []
+    wanted += [_exactly("rank", p) for p in positions]
+    wanted += [_exactly("layout", layout.value) for layout in PoolLayout]
+    if caps.page_sizes is not None:
+        wanted += [_exactly("page_size", str(p)) for p in caps.page_sizes]
+    else:
+        wanted += [
+            _exactly("page_size", "1"),
+            Requirement("page_size", "not a power of two", lambda p: not _is_power_of_two(int(p))),
+            Requirement("page_size", ">= 32", lambda p: int(p) >= 32),
+        ]
+    if caps.head_dims is not None:
+        wanted += [_exactly("head_dim", str(d)) for d in caps.head_dims]
+    else:
+        wanted += [
+            Requirement("head_dim", "not a multiple of 8", lambda d: int(d) % 8 != 0),
+            Requirement("head_dim", ">= 128", lambda d: int(d) >= 128),
+        ]
+    wanted += [_exactly("heads", v) for v in ("MHA", "GQA 2-8", "GQA 9+", "MQA")]
+    wanted += [_exactly("batch", v) for v in ("decode", "prefill", "extend", "mixed")]
+    longest = _longest_reachable_context(caps, limit)
+    wanted += [
+        _exactly("context", _bucket_name(low, high))
+        for low, high in CONTEXT_BUCKETS
+        if low <= longest
+    ]
+    wanted += [
+        _exactly("query", _bucket_name(low, high))
+        for low, high in QUERY_BUCKETS
+        if low <= min(longest, caps.max_seq_len or longest)
+    ]
+    wanted.append(_exactly("mask", "causal"))
+    if caps.non_causal:
+        wanted.append(_exactly("mask", "non-causal"))
+    wanted.append(_exactly("padding", "none"))
+    if caps.graph_mode:
+        wanted.append(_exactly("padding", "graph-padded"))
+    smallest_page = min(caps.page_sizes or (1,))
+    if pages_needed(max_context, smallest_page) >= 3:  # two sequences can share a whole page
+        wanted.append(_exactly("shared_prefix", "shared"))
+    wanted += [_exactly("views", v) for v in ("dense", "strided")]
+    wanted += [_exactly("cache", v) for v in ("separate K/V", "combined K/V")]
+    return wanted
+
+
+@dataclass
+class StatefulRun:
+    """One run of the stateful machine: forward steps taken, rules reached, rules skipped."""
+
+    steps: int = 0
+    reached: set[str] = field(default_factory=set)
+    skipped: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass
+class BackendCoverage:
+    """Everything one backend's run exercised, per test and in total."""
+
+    examples: Counter[str] = field(default_factory=Counter)  # per test
+    by_test: dict[str, dict[str, Counter[str]]] = field(default_factory=dict)
+    stateful: list[StatefulRun] = field(default_factory=list)
+
+    def totals(self) -> dict[str, Counter[str]]:
+        total: dict[str, Counter[str]] = {d: Counter() for d in DIMENSIONS}
+        for dims in self.by_test.values():
+            for dimension, counts in dims.items():
+                total[dimension].update(counts)
+        return total
+
+    def missing(self, wanted: Iterable[Requirement]) -> list[Requirement]:
+        totals = self.totals()
+        return [r for r in wanted if not r.met_by(totals[r.dimension])]
+
+
+def _quantile(values: list[int], q: float) -> float:
+    if len(values) == 1:
+        return float(values[0])
+    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
+
+
+def stateful_summary(runs: list[StatefulRun]) -> dict[str, Any]:
+    """Steps per run (median, 10th percentile), runs reaching each rule, skips by reason."""
+    if not runs:
+        return {"runs": 0}
+    steps = [r.steps for r in runs]
+    reached: Counter[str] = Counter()
+    skipped: Counter[str] = Counter()
+    for run in runs:
+        reached.update(run.reached)
+        skipped.update(run.skipped)
+    return {
+        "runs": len(runs),
+        "steps_median": statistics.median(steps),
+        "steps_p10": _quantile(steps, 0.10),
+        "reached": dict(sorted(reached.items())),
+        "skipped": dict(sorted(skipped.items())),
+    }
+
+
+@dataclass
+class CoverageLog:
+    """The tally of one conformance session, per backend."""
+
+    backends: dict[str, BackendCoverage] = field(default_factory=dict)
+
+    def _backend(self, backend: str) -> BackendCoverage:
+        return self.backends.setdefault(backend, BackendCoverage())
+
+    def record(self, backend: str, test: str, scenarios: Iterable[Scenario]) -> None:
+        """One checked example of ``test``: every rank's step in it."""
+        cover = self._backend(backend)
+        cover.examples[test] += 1
+        dims = cover.by_test.setdefault(test, {d: Counter() for d in DIMENSIONS})
+        for scenario in scenarios:
+            for dimension, label in labels(scenario).items():
+                dims[dimension][label] += 1
+
+    def record_stateful(self, backend: str, run: StatefulRun) -> None:
+        self._backend(backend).stateful.append(run)
+
+    def table(self, backend: str, wanted: Iterable[Requirement] = ()) -> list[str]:
+        """A compact per-dimension table for the terminal, gaps last."""
+        cover = self.backends[backend]
+        totals = cover.totals()
+        width = max(len(d) for d in DIMENSIONS)
+        lines = [
+            f"coverage of {backend!r}: {sum(cover.examples.values())} examples checked "
+            f"in {len(cover.examples)} tests"
+        ]
+        for dimension in DIMENSIONS:
+            counts = totals[dimension]
+            if not counts:
+                continue
+            cells = "  ".join(f"{label} {n}" for label, n in _ordered(counts))
+            lines.append(f"  {dimension:<{width}}  {cells}")
+        if cover.stateful:
+            summary = _stateful_line(stateful_summary(cover.stateful))
+            lines.append(f"  {'stateful':<{width}}  {summary}")
+        gaps = cover.missing(wanted)
+        if gaps:
+            lines.append(
+                "  never checked, though claimed: "
+                + "; ".join(f"{r.dimension} {r.wanted}" for r in gaps)
+            )
+        return lines
+
+    def as_json(self, wanted: dict[str, list[Requirement]] | None = None) -> dict[str, Any]:
+        """Plain data for the results and report tools."""
+        out: dict[str, Any] = {}
+        for name, cover in self.backends.items():
+            gaps = cover.missing((wanted or {}).get(name, []))
+            out[name] = {
+                "examples": sum(cover.examples.values()),
+                "examples_by_test": dict(sorted(cover.examples.items())),
+                "dimensions": {d: dict(_ordered(c)) for d, c in cover.totals().items() if c},
+                "by_test": {
+                    test: {d: dict(_ordered(c)) for d, c in dims.items() if c}
+                    for test, dims in sorted(cover.by_test.items())
+                },
+                "stateful": stateful_summary(cover.stateful),
+                "never_checked": [f"{r.dimension}: {r.wanted}" for r in gaps],
+            }
+        return out
+
+
+def _ordered(counts: Counter[str]) -> list[tuple[str, int]]:
+    """Numeric labels in numeric order, others in the order they were first seen."""
+
+    def key(item: tuple[str, int]) -> tuple[int, float]:
+        head = item[0].split("-")[0].rstrip("+")
+        return (0, float(head)) if head.isdigit() else (1, 0.0)
+
+    return sorted(counts.items(), key=key)
+
+
+def _stateful_line(summary: dict[str, Any]) -> str:
+    runs = summary["runs"]
+    reached = ", ".join(f"{rule} {n}/{runs}" for rule, n in summary["reached"].items())
+    line = (
+        f"{runs} runs, forward steps per run median {summary['steps_median']:g} "
+        f"(p10 {summary['steps_p10']:g}); runs reaching: {reached}"
+    )
+    skipped = summary["skipped"]
+    if skipped:
+        line += "; skipped: " + ", ".join(f"{why} {n}" for why, n in skipped.items())
+    return line
+
+
+def claim_summary(caps: Capabilities, scenarios: Iterable[Scenario]) -> str:
+    """Each claimed capability next to the value the refused draw used."""
+
+    def claim(values: Any) -> str:
+        if values is None:
+            return "any"
+        return ", ".join(str(v).removeprefix("torch.") for v in values)
+
+    parts = []
+    for s in scenarios:
+        parts.append(
+            f"dtype {str(s.dtype).removeprefix('torch.')} (claims {claim(caps.dtypes)}), "
+            f"device {s.device} (claims {claim(caps.devices)}), "
+            f"page_size {s.page_size} (claims {claim(caps.page_sizes)}), "
+            f"head_dim {s.head_dim} (claims {claim(caps.head_dims)}), "
+            f"longest context {max(s.context_lens)} (max_seq_len {caps.max_seq_len or 'any'}), "
+            f"dp_size {s.dp_size} (max_dp_size {caps.max_dp_size or 'any'}), "
+            f"{'graph-mode padding' if s.graph_mode else 'no padding'} "
+            f"(graph_mode {caps.graph_mode}), "
+            f"{'causal' if s.causal else 'non-causal'} (non_causal {caps.non_causal})"
+        )
+    return "; ".join(dict.fromkeys(parts))

@@ -1,0 +1,120 @@
+"""Consecutive steps on one backend: sequences grow, and every step is checked.
+
+Engines call a backend step after step on the same cache: prompts prefilled
+in chunks, then decoded; prefixes shared; sequences freed and their pages
+reused. ``RankSteps`` drives one rank's backend that way and keeps each
+sequence's full K/V history, so that after every layer's ``forward`` it can
+check the output against the float64 oracle over that history, and the cache
+against a canary: only the step's slots changed, in that layer, anywhere in
+the bound pool (other ranks' pages included, in the shared layout).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from harness.batches import BatchBuilder, Step
+from harness.canary import changed_slots, snapshot
+from harness.contract import LayerCache
+from harness.errors import PropertyFailure
+from harness.oracle import SequenceKV, naive_attention, oracle_attention
+from harness.scenario import Scenario
+from harness.tolerance import compare
+
+KVHistory = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: all K and V so far
+
+
+@dataclass
+class RankSteps:
+    """One rank's bound backend, its sequences and their history, stepped and checked."""
+
+    backend: Any
+    builder: BatchBuilder
+    caches: list[LayerCache]
+    geometry: Scenario  # heads, head dim, page size, dtype, scale, mask, layers, device
+    gen: torch.Generator
+    name: str = "rank 0"
+    history: dict[int, KVHistory] = field(default_factory=dict)
+    pending: dict[int, int] = field(default_factory=dict)  # prompt tokens not yet prefilled
+    steps: int = 0
+
+    def admit(self, prompt: int) -> int:
+        seq_id = self.builder.admit()
+        self.history[seq_id] = []
+        self.pending[seq_id] = prompt
+        return seq_id
+
+    def fork(self, parent: int, prefix_len: int, prompt: int) -> int:
+        """A child sharing ``parent``'s whole pages up to ``prefix_len`` tokens."""
+        child = self.builder.fork(parent, prefix_len)
+        shared = self.builder.sequences[child].cached_len
+        self.history[child] = [(k[:shared], v[:shared]) for k, v in self.history[parent]]
+        self.pending[child] = prompt
+        return child
+
+    def release(self, seq_id: int) -> None:
+        self.builder.release(seq_id)
+        del self.history[seq_id], self.pending[seq_id]
+
+    def cached_len(self, seq_id: int) -> int:
+        return self.builder.sequences[seq_id].cached_len
+
+    def step(self, requests: list[tuple[int, int]], pad_to: int | None = None) -> Step:
+        """Grow each ``(seq_id, query_len)`` and check every layer.
+
+        ``OutOfPages`` is raised before the backend sees anything.
+        """
+        g = self.geometry
+        built = self.builder.step(requests, causal=g.causal, pad_to=pad_to, device=g.device)
+        for seq_id, query in requests:
+            self.pending[seq_id] = max(0, self.pending[seq_id] - query)
+        self.backend.prepare(built.metadata, graph_mode=pad_to is not None)
+        slots = built.metadata.slot_mapping.tolist()
+        for layer in range(g.num_layers):
+            self._forward_layer(built, slots, layer)
+        self.steps += 1
+        return built
+
+    def _random(self, shape: tuple[int, ...], magnitude: float = 1.0) -> torch.Tensor:
+        g = self.geometry
+        data = torch.randn(shape, generator=self.gen) * magnitude
+        return data.to(device=g.device, dtype=g.dtype)
+
+    def _forward_layer(self, built: Step, slots: list[int], layer: int) -> None:
+        g = self.geometry
+        new_k, new_v = [], []
+        seqs: list[SequenceKV | None] = []
+        for row in built.rows:
+            k = self._random((row.query_len, g.num_kv_heads, g.head_dim), g.magnitude)
+            v = self._random((row.query_len, g.num_kv_heads, g.head_dim))
+            new_k.append(k)
+            new_v.append(v)
+            if row.seq_id is None:  # graph-mode padding: written nowhere, never checked
+                seqs.append(None)
+                continue
+            hist = self.history[row.seq_id]
+            if len(hist) <= layer:
+                hist.append((k[:0], v[:0]))
+            hist[layer] = (torch.cat([hist[layer][0], k]), torch.cat([hist[layer][1], v]))
+            seqs.append(SequenceKV(*hist[layer]))
+        query = self._random((len(slots), g.num_heads, g.head_dim), g.magnitude)
+        before = snapshot(self.caches)
+        out = self.backend.forward(query, torch.cat(new_k), torch.cat(new_v), layer)
+        where = f"{self.name}, step {self.steps + 1}, forward(layer {layer})"
+        mapped = {s for s in slots if s != -1}
+        for index, changed in enumerate(changed_slots(self.caches, before)):
+            expect = mapped if index == layer else set()
+            if changed != expect:
+                raise PropertyFailure(
+                    f"{where} changed layer {index} slots {sorted(changed - expect)[:8]}, "
+                    f"missed {sorted(expect - changed)[:8]}"
+                )
+        args = (query, seqs, [row.query_len for row in built.rows])
+        exact = oracle_attention(*args, scale=g.softmax_scale, causal=g.causal)
+        naive = naive_attention(*args, scale=g.softmax_scale, causal=g.causal)
+        result = compare(out, exact, naive, g.dtype)
+        if not result.passed:
+            raise PropertyFailure(f"{where}: output vs oracle: {result.describe()}")
