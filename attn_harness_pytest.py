@@ -160,12 +160,19 @@ def coverage_log() -> Any:
 
 
 def record_examples(backend: str, scenarios: list[Any]) -> None:
-    """Count one checked example of the running test (every rank's step in it)."""
-    coverage_log().record(backend, _STATE["current_test"] or "?", scenarios)
+    """Count one checked example of the running conformance test (every rank's step in it).
+
+    Outside a conformance test (the harness's own unit tests call the same
+    checks) nothing is counted.
+    """
+    if _STATE["current_test"] is not None:
+        coverage_log().record(backend, _STATE["current_test"], scenarios)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    _STATE["current_test"] = getattr(item, "originalname", item.name)
+    callspec = getattr(item, "callspec", None)
+    conformance = callspec is not None and "backend_entry" in callspec.params
+    _STATE["current_test"] = getattr(item, "originalname", item.name) if conformance else None
 
 
 def pytest_deselected(items: list[pytest.Item]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Sequence
@@ -11,7 +12,7 @@ from harness.bench_cli import add_bench_command
 from harness.conform import run_conformance
 from harness.contract import Capabilities
 from harness.errors import BackendLoadError
-from harness.quick_check import dtype_name, run_quick_check
+from harness.quick_check import dtype_name, quick_coverage, run_quick_check
 from harness.registry import BackendEntry, default_registry
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -109,9 +110,14 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     entries = _resolve_all(args.backend)
     rows = [["backend", "passed", "failed", "errors", "unsupported", "first failure"]]
+    covered: list[str] = []
     any_bad = False
     for entry in entries:
         results = run_quick_check(entry)
+        with contextlib.suppress(TypeError):  # a bad capabilities() is an ERROR case already
+            covered.append(
+                f"checked ({entry.name}): {quick_coverage(entry.capabilities).describe()}"
+            )
         counts = {
             s: sum(r.status == s for r in results)
             for s in ("PASSED", "FAILED", "ERROR", "UNSUPPORTED")
@@ -134,6 +140,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             ]
         )
     print(_table(rows))
+    print("\n".join(covered))
     print("quick check: " + ("FAILED" if any_bad else "all cases match the float64 oracle"))
     return EXIT_FAILED if any_bad else EXIT_OK
 
@@ -160,7 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_check = sub.add_parser(
         "check",
         help="quick oracle check: decode/prefill/extend/mixed "
-        "batches on every rank of dp_size 1..3, both layouts",
+        "batches on every rank of dp_size 1..3, both layouts, every claimed dtype, "
+        "page size and head dim; inputs modified in place are named as such",
     )
     p_check.add_argument("--backend", action="append", default=[], metavar="SPEC", help=spec_help)
     p_check.add_argument("-v", "--verbose", action="store_true", help="print every case")

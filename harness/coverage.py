@@ -126,6 +126,18 @@ def _is_power_of_two(n: int) -> bool:
     return n & (n - 1) == 0
 
 
+MAX_PROMISED_VALUES = 12
+"""A claim listing more values than this is promised its smallest, largest and an odd one."""
+
+
+def _representative(claim: tuple[int, ...]) -> list[int]:
+    """Each claimed value, or for a long claim the ones kernels get wrong: the ends, an odd one."""
+    if len(claim) <= MAX_PROMISED_VALUES:
+        return sorted(set(claim))
+    odd = [v for v in claim if not _is_power_of_two(v)]
+    return sorted({min(claim), max(claim), *odd[:1]})
+
+
 def _reachable_dp_sizes(caps: Capabilities, dp_aware: bool, max_dp_size: int) -> set[int]:
     if not dp_aware:
         return {1}
@@ -169,7 +181,7 @@ def requirements(
     wanted += [_exactly("rank", p) for p in positions]
     wanted += [_exactly("layout", layout.value) for layout in PoolLayout]
     if caps.page_sizes is not None:
-        wanted += [_exactly("page_size", str(p)) for p in caps.page_sizes]
+        wanted += [_exactly("page_size", str(p)) for p in _representative(caps.page_sizes)]
     else:
         wanted += [
             _exactly("page_size", "1"),
@@ -177,7 +189,7 @@ def requirements(
             Requirement("page_size", ">= 32", lambda p: int(p) >= 32),
         ]
     if caps.head_dims is not None:
-        wanted += [_exactly("head_dim", str(d)) for d in caps.head_dims]
+        wanted += [_exactly("head_dim", str(d)) for d in _representative(caps.head_dims)]
     else:
         wanted += [
             Requirement("head_dim", "not a multiple of 8", lambda d: int(d) % 8 != 0),

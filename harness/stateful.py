@@ -46,6 +46,8 @@ MAX_LIVE = 4
 MAX_STATEFUL_DP = 8
 """Ranks in one machine: every step snapshots the whole pool, which grows with dp_size."""
 RULES = ("admit", "chunked-prefill", "decode", "fork", "free", "re-admit")
+MAX_NEW_TOKENS = 6
+"""Tokens a sequence decodes after its prompt before it finishes (drawn from 1 to this)."""
 MIN_RULES = 8
 """Rules every run executes before it may end (each ends in a forward step)."""
 
@@ -86,6 +88,7 @@ def conformance_machine(
             self.ranks: list[RankSteps] = []
             self.run = StatefulRun()
             self.released: set[int] = set()  # ranks that have freed a sequence
+            self.finish: dict[tuple[str, int], int] = {}  # length at which a sequence ends
 
         @initialize(
             geometry=geometries(caps, budget, device),
@@ -172,10 +175,17 @@ def conformance_machine(
             else:
                 self._admit(rank, data)
 
+        def _finish_after(self, rank: RankSteps, seq_id: int, data: st.DataObject) -> None:
+            """Its prompt, then a few decoded tokens: then it finishes and its pages are freed."""
+            new_tokens = data.draw(st.integers(1, MAX_NEW_TOKENS), label="tokens to generate")
+            target = rank.cached_len(seq_id) + rank.pending[seq_id] + new_tokens
+            self.finish[rank.name, seq_id] = min(target, max_context)
+
         def _admit(self, rank: RankSteps, data: st.DataObject) -> None:
             index = self.ranks.index(rank)
             self.run.reached.add("re-admit" if index in self.released else "admit")
             seq_id = rank.admit(data.draw(st.integers(1, max_prompt), label="prompt"))
+            self._finish_after(rank, seq_id, data)
             self._step(rank, data, include=seq_id)
 
         @precondition(can_step)
@@ -199,6 +209,7 @@ def conformance_machine(
             prompt = data.draw(st.integers(1, 8), label="child prompt")
             child = rank.fork(parent, prefix, prompt)
             rank.pending[child] = min(prompt, max_context - rank.cached_len(child))
+            self._finish_after(rank, child, data)
             self.run.reached.add("fork")
             self._step(rank, data, include=child)
 
@@ -206,7 +217,9 @@ def conformance_machine(
         @rule(data=st.data())
         def release(self, data: st.DataObject) -> None:
             rank = data.draw(st.sampled_from([r for r in self.ranks if r.builder.sequences]))
-            rank.release(data.draw(st.sampled_from(sorted(rank.builder.sequences)), label="free"))
+            seq_id = data.draw(st.sampled_from(sorted(rank.builder.sequences)), label="free")
+            rank.release(seq_id)  # aborted before it finished
+            del self.finish[rank.name, seq_id]
             self.run.reached.add("free")
             self.released.add(self.ranks.index(rank))
             if self._growable(rank):
@@ -245,10 +258,12 @@ def conformance_machine(
                 self.run.skipped["step: rank out of pages"] += 1
                 return
             self.run.steps += 1
-            for seq_id in [s for s, _ in requests if rank.cached_len(s) >= max_context]:
-                rank.release(seq_id)  # finished: an engine frees it at once
-                self.run.reached.add("free")
-                self.released.add(self.ranks.index(rank))
+            for seq_id, _ in requests:
+                if rank.cached_len(seq_id) >= self.finish[rank.name, seq_id]:
+                    rank.release(seq_id)  # finished: an engine frees it at once
+                    del self.finish[rank.name, seq_id]
+                    self.run.reached.add("free")
+                    self.released.add(self.ranks.index(rank))
             if on_step is not None:
                 rows = [row for row in built.rows if row.seq_id is not None]
                 on_step(

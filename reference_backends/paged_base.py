@@ -6,9 +6,11 @@ Subclasses implement only the attention itself (``attend``, plus an optional
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -38,6 +40,22 @@ class PreparedStep:
     plan: Any  # the subclass's own per-step data
 
 
+_DEFAULT_DEVICES = Capabilities().devices
+
+
+def _keeping_devices(declared: Any) -> Any:
+    """``declared`` (a class or static method) with the class's ``devices`` for the default."""
+
+    @functools.wraps(declared.__func__)
+    def capabilities(cls: type[PagedBackendBase]) -> Any:
+        caps = declared.__get__(None, cls)()  # bound to the class asked, as Python would
+        if isinstance(caps, Capabilities) and caps.devices == _DEFAULT_DEVICES:
+            return dataclasses.replace(caps, devices=cls.devices)
+        return caps  # other devices are the override's own; a wrong type is capabilities_of's
+
+    return classmethod(capabilities)
+
+
 class PagedBackendBase:
     """DP-aware paged attention skeleton following the backend contract.
 
@@ -45,9 +63,26 @@ class PagedBackendBase:
     ``sequences`` to skip building per-sequence indices in ``prepare``.
     ``validate=False`` skips the per-step metadata and ownership checks
     (for timing); constructor and binding checks always run.
+
+    Devices: everything here is plain torch, so the claim is the class
+    attribute ``devices`` (CPU and CUDA), and a subclass keeps it when it
+    overrides ``capabilities()`` to narrow something else: an override
+    returning ``Capabilities``' default devices (``("cpu",)``, whether left
+    out or written) gets ``cls.devices`` filled in. To claim fewer devices,
+    set ``devices = ("cpu",)`` on the subclass; any other ``devices`` an
+    override returns (``("cuda",)``) is kept as it is.
+    ``dataclasses.replace(super().capabilities(), ...)`` keeps the claim too.
     """
 
     per_sequence_rows: bool = True
+    devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Wrap an overriding ``capabilities()`` so that it keeps the class's devices."""
+        super().__init_subclass__(**kwargs)
+        declared = cls.__dict__.get("capabilities")
+        if isinstance(declared, classmethod | staticmethod):
+            cls.capabilities = _keeping_devices(declared)  # type: ignore[method-assign]
 
     def __init__(
         self,
@@ -150,8 +185,8 @@ class PagedBackendBase:
 
     @classmethod
     def capabilities(cls) -> Capabilities:
-        """Every float dtype, any page size and head dim, on the CPU and CUDA."""
-        return Capabilities(devices=("cpu", "cuda"))
+        """Every float dtype, any page size and head dim, on ``cls.devices``."""
+        return Capabilities(devices=cls.devices)
 
     # -- subclass hooks ---------------------------------------------------
 

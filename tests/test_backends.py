@@ -10,6 +10,7 @@ import torch
 
 from harness import (
     CacheBindingError,
+    Capabilities,
     DPBackendConfig,
     ForeignPageError,
     MetadataError,
@@ -18,11 +19,14 @@ from harness import (
     properties,
 )
 from harness.batches import BatchBuilder
+from harness.contract import capabilities_of
 from harness.kv_pages import PagePool, make_layer_caches
 from harness.oracle import SequenceKV
 from harness.properties import bits, changed_slots, run_step
 from harness.registry import BackendEntry, default_registry
 from harness.scenario import Scenario, check_outputs, make_step_inputs, run_scenario
+from reference_backends import ReferenceBackend, SdpaBackend
+from reference_backends.paged_base import PagedBackendBase
 from suites.mutants.backends import (
     AssumesContiguousPages,
     DropsLastToken,
@@ -567,3 +571,72 @@ def test_mutants_keep_their_bugs_on_combined_kv(mutant, changes, check):
     scenario = replace(COMBINED_SCENARIOS["mixed-shuffled"], combined_kv=True, **changes)
     with pytest.raises((properties.PropertyFailure, IndexError)):
         getattr(properties, check)(entry, scenario)
+
+
+# -- a subclass's capabilities() override keeps the base's device claim --------------
+
+
+@pytest.mark.parametrize("base_devices", [("cpu", "cuda"), ("cpu",)])
+def test_capabilities_override_keeps_the_base_device_claim(monkeypatch, base_devices):
+    """The natural override (a fresh ``Capabilities``) claims exactly the base's devices."""
+    monkeypatch.setattr(PagedBackendBase, "devices", base_devices)
+
+    class Fp32(PagedBackendBase):
+        @classmethod
+        def capabilities(cls) -> Capabilities:
+            return Capabilities(dtypes=(torch.float32,), page_sizes=(16,))
+
+    class Fp32Child(Fp32):
+        pass
+
+    class StaticFp32(ReferenceBackend):
+        @staticmethod
+        def capabilities() -> Capabilities:
+            return Capabilities(dtypes=(torch.float32,))
+
+    class ReplacesBase(SdpaBackend):
+        @classmethod
+        def capabilities(cls) -> Capabilities:
+            return dataclasses.replace(super().capabilities(), dtypes=(torch.float32,))
+
+    base = capabilities_of(PagedBackendBase).devices
+    assert base == base_devices
+    for cls in (Fp32, Fp32Child, StaticFp32, ReplacesBase, ReferenceBackend, SdpaBackend):
+        caps = capabilities_of(cls)
+        assert caps.devices == base, cls.__name__
+        assert ("cuda" in caps.devices) == ("cuda" in base)
+    caps = capabilities_of(Fp32)
+    assert (caps.dtypes, caps.page_sizes) == ((torch.float32,), (16,))
+    assert capabilities_of(ReplacesBase).dtypes == (torch.float32,)
+
+
+def test_subclass_narrows_devices_with_the_class_attribute_or_its_own_claim():
+    class CpuOnly(ReferenceBackend):
+        devices = ("cpu",)
+
+        @classmethod
+        def capabilities(cls) -> Capabilities:
+            return Capabilities(dtypes=(torch.float32,))
+
+    class CpuOnlyNoOverride(SdpaBackend):
+        devices = ("cpu",)
+
+    class CudaOnly(ReferenceBackend):
+        @classmethod
+        def capabilities(cls) -> Capabilities:
+            return Capabilities(devices=("cuda",))
+
+    assert capabilities_of(CpuOnly).devices == ("cpu",)
+    assert capabilities_of(CpuOnlyNoOverride).devices == ("cpu",)
+    assert capabilities_of(CudaOnly).devices == ("cuda",)
+    assert capabilities_of(ReferenceBackend).devices == ("cpu", "cuda")
+
+
+def test_capabilities_override_of_the_wrong_type_is_still_reported():
+    class Wrong(ReferenceBackend):
+        @classmethod
+        def capabilities(cls) -> dict:  # type: ignore[override]
+            return {"dtypes": (torch.float32,)}
+
+    with pytest.raises(TypeError, match=r"Wrong\.capabilities\(\) returned dict"):
+        capabilities_of(Wrong)

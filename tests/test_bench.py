@@ -26,6 +26,7 @@ from harness.ceilings import Ceilings, RunCeilings
 from harness.peer import PEER_NAME, ContiguousPeer
 from harness.registry import BackendEntry, BackendRegistry
 from harness.results import load_results
+from harness.statistics import bootstrap_ratio_ci, median
 from harness.timing import TimingConfig
 from harness.workloads import WORKLOADS, CaseSpec, Workload
 from reference_backends import ReferenceBackend, SdpaBackend
@@ -84,8 +85,10 @@ def test_builtins_pass_every_tiny_case_with_peer_metrics_and_raw_samples():
         else:
             assert c.peer == f"tiny@1/{c.case}/{PEER_NAME}"
             assert len(c.prepare.samples_ns) >= 5
-            low, high = c.metrics["ratio_to_peer_ci"]
-            assert low <= c.metrics["ratio_to_peer"] <= high
+            # the ratio and its interval are recomputable from the raw samples recorded
+            mine, peers = c.forward.samples_ns, record.case(c.peer).forward.samples_ns
+            assert c.metrics["ratio_to_peer"] == median(mine) / median(peers)
+            assert c.metrics["ratio_to_peer_ci"] == list(bootstrap_ratio_ci(mine, peers))
     assert record.timing["threads"] >= 1
     assert len(record.timing["overhead"]["samples_ns"]) == 50
     assert record.environment["threads"] == record.timing["threads"]

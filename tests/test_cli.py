@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -189,7 +190,7 @@ def test_check_sdpa_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "--backend", "sdpa"]) == EXIT_OK
     out = capsys.readouterr().out
     row = _rows(out)["sdpa"]
-    assert row[1:5] == ["72", "0", "0", "0"]
+    assert row[1:5] == ["216", "0", "0", "0"]  # 3 dtypes x 3 geometries x 24
     assert out.rstrip().endswith("quick check: all cases match the float64 oracle")
     assert "FAILED" not in out
 
@@ -199,7 +200,7 @@ def test_check_file_spec_verbose_passes(capsys: pytest.CaptureFixture[str]) -> N
     assert main(["check", "-v", "--backend", spec]) == EXIT_OK
     out = capsys.readouterr().out
     case_lines = [line for line in out.splitlines() if f" {spec}: " in line]
-    assert len(case_lines) == 24  # 4 batches x 6 (dp_size, dp_rank) pairs, float32 only
+    assert len(case_lines) == 72  # 4 batches x 6 (dp_size, dp_rank) pairs x 3 geometries, fp32
     assert all(line.startswith("PASSED") for line in case_lines)
     assert "all cases match" in out
 
@@ -229,10 +230,10 @@ def test_check_crashing_constructor_reports_errors(capsys: pytest.CaptureFixture
     assert main(["check", "--backend", spec]) == EXIT_FAILED
     captured = capsys.readouterr()
     errors = [line for line in captured.out.splitlines() if line.startswith("ERROR ")]
-    assert len(errors) == 24
+    assert len(errors) == 72
     assert all("RuntimeError: CrashingBackend refuses to be constructed" in e for e in errors)
     assert "Traceback" not in captured.out + captured.err
-    assert _rows(captured.out)[spec][1:4] == ["0", "0", "24"]
+    assert _rows(captured.out)[spec][1:4] == ["0", "0", "72"]
     assert "quick check: FAILED" in captured.out
 
 
@@ -243,14 +244,14 @@ def test_check_non_dp_backend_is_unsupported_beyond_dp1(
     assert main(["check", "-v", "--backend", spec]) == EXIT_OK
     out = capsys.readouterr().out
     case_lines = [line for line in out.splitlines() if f" {spec}: " in line]
-    assert len(case_lines) == 24
+    assert len(case_lines) == 72
     for line in case_lines:
         if " dp=0/1 " in line:
             assert line.startswith("PASSED"), line
         else:
             assert line.startswith("UNSUPPORTED"), line
             assert line.endswith("not DP-aware")
-    assert _rows(out)[spec][1:5] == ["4", "0", "0", "20"]
+    assert _rows(out)[spec][1:5] == ["12", "0", "0", "60"]
     assert "all cases match" in out
 
 
@@ -261,6 +262,76 @@ def test_check_several_backends_fails_if_any_fails(capsys: pytest.CaptureFixture
     rows = _rows(capsys.readouterr().out)
     assert rows[good][2] == "0"
     assert int(rows[bad][2]) > 0
+
+
+def _geometries(lines: list[str]) -> set[tuple[int, int]]:
+    """``(page_size, head_dim)`` of case lines ending their name with ``page=P D=H``."""
+    found = set()
+    for line in lines:
+        page, dim = re.search(r" page=(\d+) D=(\d+): ", line).groups()  # type: ignore[union-attr]
+        found.add((int(page), int(dim)))
+    return found
+
+
+def test_check_covers_every_declared_page_size_and_head_dim(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Wrong everywhere but at the first claimed page size and head dim: those alone hide it."""
+    spec = _spec("RightAtFirstGeometryOnlyBackend")
+    assert main(["check", "-v", "--backend", spec]) == EXIT_FAILED
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if f" {spec}: " in line]
+    passed = [line for line in lines if line.startswith("PASSED")]
+    failed = [line for line in lines if line.startswith("FAILED")]
+    assert len(passed) == len(failed) / 2 == 24
+    assert _geometries(passed) == {(4, 16)}
+    assert _geometries(failed) == {(8, 16), (4, 32)}  # each value once, not the product
+    assert (
+        f"checked ({spec}): page sizes 4,8 at head dim 16; head dims 16,32 at page size 4;" in out
+    )
+
+
+def test_check_any_page_size_and_head_dim_gets_a_default_set(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    spec = _spec("FileBackend", FILE_BACKEND)
+    assert main(["check", "-v", "--backend", spec]) == EXIT_OK
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if f" {spec}: " in line]
+    assert _geometries(lines) == {(3, 16), (16, 16), (3, 13)}
+    assert (
+        f"checked ({spec}): page sizes 3,16 at head dim 16; head dims 16,13 at page size 3; "
+        "float32; dp_size 1..3, both layouts"
+    ) in out.splitlines()
+
+
+def test_check_tiny_page_sizes_get_enough_pages(capsys: pytest.CaptureFixture[str]) -> None:
+    """Page sizes 1 and 2 need more pages per rank than the default pool has."""
+    spec = _spec("SmallPagesBackend")
+    assert main(["check", "--backend", spec]) == EXIT_OK
+    assert _rows(capsys.readouterr().out)[spec][1:5] == ["48", "0", "0", "0"]
+
+
+@pytest.mark.parametrize(
+    ("cls_name", "cause"),
+    [
+        ("ScalesQueryInPlaceBackend", "forward (layer 0) modified its query input"),
+        ("ZeroesValueBackend", "forward (layer 0) modified its value input"),
+        ("ConsumesSlotMappingBackend", "prepare modified its metadata.slot_mapping input"),
+    ],
+)
+def test_check_names_modified_inputs(
+    cls_name: str, cause: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Outputs are right; a clobbered input is the failure, not a numerical mismatch."""
+    spec = _spec(cls_name)
+    assert main(["check", "--backend", spec]) == EXIT_FAILED
+    out = capsys.readouterr().out
+    failed = [line for line in out.splitlines() if line.startswith("FAILED ")]
+    assert len(failed) == 72
+    assert all(line.endswith(f": {cause}") for line in failed), failed[0]
+    assert "error" not in out.replace("errors", "")  # no oracle comparison was reported
+    assert _rows(out)[spec][1:4] == ["0", "72", "0"]
 
 
 # -- a bad capabilities() must not crash the CLI -------------------------------------

@@ -7,24 +7,27 @@ import pytest
 import torch
 
 from harness.properties import PropertyFailure
+from harness.registry import BackendEntry
 from harness.scenario import Scenario
+from reference_backends.reference import ReferenceBackend
 from suites.conformance.conftest import check
 
 SCENARIO = Scenario()
+ENTRY = BackendEntry(name="reference", cls=ReferenceBackend, origin="test")
 
 
-def _fails(scenario: Scenario) -> None:
+def _fails(entry: BackendEntry, scenario: Scenario) -> None:
     big = torch.zeros(1024)  # stands for a step's caches, held by this frame
     raise PropertyFailure(f"violated on {scenario.describe()} ({big.numel()})")
 
 
-def _crashes(scenario: Scenario) -> None:
+def _crashes(entry: BackendEntry, scenario: Scenario) -> None:
     raise RuntimeError("kernel launch failed")
 
 
 def test_a_property_failure_is_reraised_without_the_frames_that_raised_it():
     with pytest.raises(PropertyFailure, match="violated on dp 0/1") as info:
-        check(_fails, SCENARIO)
+        check(_fails, ENTRY, SCENARIO)
     error = info.value
     assert error.__cause__ is None
     assert error.__context__ is None
@@ -38,7 +41,7 @@ def test_a_property_failure_is_reraised_without_the_frames_that_raised_it():
 
 def test_a_crash_names_the_shape_and_keeps_only_text():
     with pytest.raises(PropertyFailure, match="_crashes crashed: RuntimeError") as info:
-        check(_crashes, SCENARIO)
+        check(_crashes, ENTRY, SCENARIO)
     assert "scenario: dp 0/1" in str(info.value)
     assert "kernel launch failed" in str(info.value)
     assert info.value.__context__ is None

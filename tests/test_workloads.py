@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import replace
 
 import pytest
@@ -13,25 +14,19 @@ from harness.scenario import make_step_inputs
 from harness.workloads import (
     DEFAULT_WORKLOADS,
     SIZES,
-    WORKLOADS,
     CaseSpec,
     get_workload,
     list_workloads,
 )
 
+KINDS = {"decode", "prefill", "extend", "mixed", "dp-scaling"}
 TINY = CaseSpec(
     "tiny", (9, 5, 7), (1, 5, 3), num_heads=4, num_kv_heads=2, head_dim=8, page_size=4, seed=11
 )
 
 
 def test_every_workload_is_named_versioned_and_sized_for_both_devices():
-    assert {w.kind for w in list_workloads()} == {
-        "decode",
-        "prefill",
-        "extend",
-        "mixed",
-        "dp-scaling",
-    }
+    assert {w.kind for w in list_workloads()} == KINDS
     for w in list_workloads():
         assert w.version >= 1
         assert w.key == f"{w.name}@{w.version}"
@@ -39,7 +34,12 @@ def test_every_workload_is_named_versioned_and_sized_for_both_devices():
             names = [c.name for c in w.cases(size)]
             assert names, (w.name, size)
             assert len(set(names)) == len(names)
-    assert set(DEFAULT_WORKLOADS) <= set(WORKLOADS)
+
+
+def test_the_default_run_covers_every_kind_of_workload_once():
+    """``attn-harness bench`` with no ``--workload`` must not silently skip a batch kind."""
+    assert len(set(DEFAULT_WORKLOADS)) == len(DEFAULT_WORKLOADS)
+    assert {get_workload(name).kind for name in DEFAULT_WORKLOADS} == KINDS
 
 
 def test_gpu_sizes_are_bf16_and_larger():
@@ -90,9 +90,16 @@ def test_every_case_fits_its_ranks_page_range():
 
 
 def test_seeds_are_stable_and_distinct():
-    seeds = [c.seed for w in list_workloads() for c in w.cpu]
-    assert len(set(seeds)) == len(seeds)
-    assert get_workload("decode-sweep").cpu[0].seed == get_workload("decode-sweep").cpu[0].seed
+    """Seeds come from the workload's and the case's names (crc32), not from ``hash()`` or a
+    global generator: the same in every process, run and version, so inputs can be rebuilt."""
+    for size in SIZES:
+        seeds = [c.seed for w in list_workloads() for c in w.cases(size)]
+        assert len(set(seeds)) == len(seeds), size
+    for w in list_workloads():
+        for c in w.cpu + w.gpu:
+            assert c.seed == zlib.crc32(f"{w.name}/{c.name}".encode()) & 0x7FFFFFFF, c.name
+    # pinned: a change here changes every case's inputs, and every workload's version must go up
+    assert get_workload("decode-sweep").cpu[0].seed == 959_908_233
 
 
 def test_inputs_are_deterministic_from_the_seed_and_never_zero():

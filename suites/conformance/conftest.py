@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -53,9 +54,13 @@ def _inside_claim(request: pytest.FixtureRequest) -> None:
         pytest.skip(f"{entry.name} claims no dtype")
 
 
-def draw_scenario(data: st.DataObject, entry: BackendEntry, min_dp_size: int = 1) -> Scenario:
+def draw_scenario(
+    data: st.DataObject, entry: BackendEntry, min_dp_size: int = 1, dtype: Any = None
+) -> Scenario:
+    """One rank's step inside ``entry``'s claim (narrowed to ``dtype`` when given)."""
+    caps = entry.capabilities if dtype is None else replace(entry.capabilities, dtypes=(dtype,))
     strategy = scenarios(
-        entry.capabilities,
+        caps,
         dp_aware=entry.accepts_dp,
         budget=PROFILE.budget,
         min_dp_size=min_dp_size,

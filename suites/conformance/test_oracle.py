@@ -1,6 +1,15 @@
-"""Property 2: outputs match the oracle on every rank; ranks run together equal each alone."""
+"""Property 2: outputs match the oracle on every rank; ranks run together equal each alone.
 
-from hypothesis import given
+The main oracle property runs once per claimed dtype, each with an equal
+share of the profile's examples, so that fp32, fp16 and bf16 are each
+checked as often (hypothesis alone draws one of them in a few percent).
+"""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.properties import (
@@ -8,13 +17,31 @@ from harness.properties import (
     check_matches_oracle,
     check_ranks_together_equal_alone,
 )
-from suites.conformance.conftest import check, conformance_settings, draw_ranks, draw_scenario
+from suites.conformance.conftest import (
+    PROFILE,
+    check,
+    conformance_settings,
+    draw_ranks,
+    draw_scenario,
+)
+
+DTYPES = ("float32", "float16", "bfloat16")
 
 
-@conformance_settings
-@given(data=st.data())
-def test_outputs_match_oracle(backend_entry, data) -> None:
-    check(check_matches_oracle, backend_entry, draw_scenario(data, backend_entry))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_outputs_match_oracle(backend_entry, dtype) -> None:
+    claimed = backend_entry.capabilities.dtypes
+    if getattr(torch, dtype) not in claimed:
+        pytest.skip(f"{backend_entry.name} does not claim {dtype}")
+    share = math.ceil(PROFILE.settings.max_examples / len(claimed))
+
+    @settings(conformance_settings, max_examples=share)
+    @given(data=st.data())
+    def outputs_match_oracle(data: st.DataObject) -> None:
+        scenario = draw_scenario(data, backend_entry, dtype=getattr(torch, dtype))
+        check(check_matches_oracle, backend_entry, scenario)
+
+    outputs_match_oracle()
 
 
 @conformance_settings

@@ -13,6 +13,7 @@ from dataclasses import replace
 import torch
 
 from harness.contract import AttentionMetadata, LayerCache
+from harness.errors import Unsupported
 from harness.kv_pages import pages_needed
 from reference_backends.paged_base import PreparedStep
 from reference_backends.reference import ReferenceBackend
@@ -39,6 +40,44 @@ class SkipsOwnershipCheck(ReferenceBackend):
     def bind_kv_caches(self, layer_caches: list[LayerCache]) -> None:
         super().bind_kv_caches(layer_caches)
         self._page_range = range(layer_caches[0].global_total_pages)
+
+
+class ChecksOnlySlots(ReferenceBackend):
+    """Checks that new slots are its rank's, never the block table: reads foreign pages."""
+
+    def prepare(self, metadata: AttentionMetadata, graph_mode: bool = False) -> None:
+        geometry = self._require_bound()
+        page_range = self._page_range
+        assert page_range is not None
+        for slot in metadata.slot_mapping.tolist():
+            if slot != -1 and slot // geometry.page_size not in page_range:
+                raise ValueError(f"slot {slot} is not this rank's")
+        self.validate = False  # the harness's validator would check the table too
+        try:
+            super().prepare(metadata, graph_mode=graph_mode)
+        finally:
+            self.validate = True
+
+
+class RejectsStaleEntries(ReferenceBackend):
+    """Checks every block-table entry, not only the in-use ones: refuses stale ids engines leave."""
+
+    def prepare(self, metadata: AttentionMetadata, graph_mode: bool = False) -> None:
+        super().prepare(metadata, graph_mode=graph_mode)
+        page_range = self._page_range
+        assert page_range is not None
+        for page in metadata.block_table.flatten().tolist():
+            if page != -1 and page not in page_range:
+                raise ValueError(f"block_table holds page {page}, not this rank's")
+
+
+class RefusesDpGroups(ReferenceBackend):
+    """Claims any dp_size, then refuses every step of a group with ``Unsupported``."""
+
+    def prepare(self, metadata: AttentionMetadata, graph_mode: bool = False) -> None:
+        if self.dp_size > 1:
+            raise Unsupported("data parallelism is not implemented yet")
+        super().prepare(metadata, graph_mode=graph_mode)
 
 
 class IgnoresPageOffset(ReferenceBackend):
@@ -202,6 +241,9 @@ class StalePlanCache(ReferenceBackend):
 MUTANTS: tuple[type, ...] = (
     PartitionFloor,
     SkipsOwnershipCheck,
+    ChecksOnlySlots,
+    RejectsStaleEntries,
+    RefusesDpGroups,
     IgnoresPageOffset,
     TopLeftCausal,
     NoCausalMask,

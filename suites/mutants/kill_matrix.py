@@ -2,6 +2,9 @@
 
     python -m suites.mutants.kill_matrix [--profile kill|ci|thorough]
 
+It prints the matrix (mutants down, tests across), then for each test the
+mutants only it catches, or a note naming the test that subsumes it.
+
 One pytest process checks all mutants and the built-ins; the JUnit report
 (each test case carries its backend as a property) gives, per backend, the
 tests that failed. A mutant no test fails is a survivor, a gap in the suite.
@@ -36,16 +39,40 @@ def mutant_specs() -> list[str]:
 @dataclass(frozen=True)
 class Verdict:
     backend: str
-    failed: tuple[str, ...]  # test functions that failed (or errored)
-    passed: int
+    outcomes: dict[str, str]  # test function -> "failed" | "passed" | "skipped"
+
+    @property
+    def failed(self) -> tuple[str, ...]:
+        return tuple(sorted(t for t, o in self.outcomes.items() if o == "failed"))
 
     @property
     def caught(self) -> bool:
         return bool(self.failed)
 
 
+SUBSUMED = {
+    "test_physical_page_order_is_irrelevant": "every planted page-order bug also fails "
+    "test_outputs_match_oracle, which draws shuffled pages too",
+    "test_per_rank_and_shared_layouts_agree": "every planted layout bug also fails "
+    "test_outputs_match_oracle, which draws both layouts",
+    "test_every_rank_matches_oracle": "test_outputs_match_oracle checks every rank position "
+    "one rank at a time; this test adds ranks sharing a pool",
+    "test_each_rank_keeps_to_its_pages": "test_stateful_steps runs the same schedules among "
+    "its random programs; this test names the DP partition",
+    "test_ranks_together_equal_each_alone": "cross-rank interference large enough to plant "
+    "also fails test_every_rank_matches_oracle; this test catches the sub-tolerance kind",
+    "test_production_shapes_write_only_mapped_slots": "test_only_mapped_slots_change draws "
+    "production shapes one time in four",
+    "test_bind_rejects_caches_without_the_ranks_pages": "the built-in base class makes this "
+    "check for every subclass, so no planted bug can skip it alone",
+    "test_constructor_rejects_bad_values": "the constructor's checks live in the base class "
+    "(harness.validate.validate_backend_args)",
+}
+"""Why a test with no bug of its own is kept: which other test catches its planted bugs."""
+
+
 def run_suite(specs: list[str], profile: str) -> dict[str, Verdict]:
-    """One pytest run over ``specs``; per backend, which tests failed."""
+    """One pytest run over ``specs``; per backend, each test's outcome."""
     root = Path(__file__).resolve().parents[2]
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "junit.xml"
@@ -60,8 +87,7 @@ def run_suite(specs: list[str], profile: str) -> dict[str, Verdict]:
         if not report.exists():
             raise RuntimeError("the conformance run wrote no JUnit report")
         tree = ET.parse(report)
-    failed: dict[str, set[str]] = defaultdict(set)
-    passed: dict[str, int] = defaultdict(int)
+    outcomes: dict[str, dict[str, str]] = defaultdict(dict)
     for case in tree.iter("testcase"):
         props = {p.get("name"): p.get("value") for p in case.iter("property")}
         backend = props.get("backend")
@@ -69,10 +95,42 @@ def run_suite(specs: list[str], profile: str) -> dict[str, Verdict]:
             continue
         name = (case.get("name") or "").split("[")[0]
         if case.find("failure") is not None or case.find("error") is not None:
-            failed[backend].add(name)
-        elif case.find("skipped") is None:
-            passed[backend] += 1
-    return {spec: Verdict(spec, tuple(sorted(failed[spec])), passed[spec]) for spec in specs}
+            outcome = "failed"
+        elif case.find("skipped") is not None:
+            outcome = "skipped"
+        else:
+            outcome = "passed"
+        seen = outcomes[backend].get(name)  # parametrized tests: any failure counts
+        if seen != "failed" and (seen is None or outcome != "skipped"):
+            outcomes[backend][name] = outcome
+    return {spec: Verdict(spec, dict(outcomes[spec])) for spec in specs}
+
+
+def exclusive_catches(verdicts: dict[str, Verdict], mutants: list[str]) -> dict[str, list[str]]:
+    """Per test, the mutants that it and no other test catches."""
+    only: dict[str, list[str]] = defaultdict(list)
+    for spec in mutants:
+        failed = verdicts[spec].failed
+        if len(failed) == 1:
+            only[failed[0]].append(spec)
+    return only
+
+
+def print_matrix(verdicts: dict[str, Verdict], tests: list[str]) -> None:
+    """Backends down, tests across (numbered, legend below): X caught, . passed, - skipped."""
+    width = max(len(_short(v)) for v in verdicts)
+    header = " ".join(f"{i:>2}" for i in range(1, len(tests) + 1))
+    print(f"{'':{width}}  {header}")
+    marks = {"failed": " X", "passed": " .", "skipped": " -"}
+    for spec, verdict in verdicts.items():
+        cells = " ".join(marks.get(verdict.outcomes.get(t, ""), "  ") for t in tests)
+        print(f"{_short(spec):{width}}  {cells}")
+    for i, test in enumerate(tests, 1):
+        print(f"  {i:>2} {test}")
+
+
+def _short(spec: str) -> str:
+    return spec.rsplit(":", 1)[-1]
 
 
 def main() -> int:
@@ -80,16 +138,21 @@ def main() -> int:
     parser.add_argument("--profile", default="kill", choices=("kill", "ci", "thorough"))
     args = parser.parse_args()
     verdicts = run_suite([*BUILTINS, *mutant_specs()], args.profile)
-    width = max(len(v) for v in verdicts)
-    for spec, verdict in verdicts.items():
-        status = "FAILED" if verdict.caught else "passed"
-        print(f"{spec:{width}}  {status:6}  {', '.join(verdict.failed) or '-'}")
+    tests = sorted({t for v in verdicts.values() for t in v.outcomes})
+    print_matrix(verdicts, tests)
+    only = exclusive_catches(verdicts, mutant_specs())
+    print("\ncaught by this test alone:")
+    for test in tests:
+        mine = ", ".join(_short(s) for s in only.get(test, []))
+        print(f"  {test}: {mine or 'none; ' + SUBSUMED.get(test, 'NO NOTE: a gap to explain')}")
     mutants = [verdicts[s] for s in mutant_specs()]
     killed = sum(v.caught for v in mutants)
     clean = all(not verdicts[b].caught for b in BUILTINS)
+    survivors = [_short(v.backend) for v in mutants if not v.caught]
     print(
         f"kill rate: {killed}/{len(mutants)} ({100 * killed / len(mutants):.0f}%); "
         f"built-ins {'all pass' if clean else 'FAIL'}"
+        + (f"; survivors: {', '.join(survivors)}" if survivors else "")
     )
     return 0 if killed == len(mutants) and clean else 1
 

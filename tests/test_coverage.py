@@ -1,0 +1,170 @@
+"""Coverage accounting: labels per dimension, what a claim promises, gaps, the stateful
+machine's programs, and the balance of the draws behind them."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import attn_harness_pytest as plugin
+from harness import Capabilities, PoolLayout
+from harness.coverage import CoverageLog, Requirement, StatefulRun, labels, requirements
+from harness.profiles import get_profile
+from harness.registry import default_registry
+from harness.scenario import Scenario
+from harness.stateful import RULES, conformance_machine, run_machine
+from harness.strategies import CI_BUDGET, multi_rank_scenarios
+
+BASE = Scenario(num_heads=8, num_kv_heads=2, page_size=3, context_lens=(5,), query_lens=(1,))
+
+
+def wanted(caps: Capabilities, dp_aware: bool = True) -> set[tuple[str, str]]:
+    found = requirements(
+        caps,
+        dp_aware=dp_aware,
+        max_dp_size=CI_BUDGET.max_dp_size,
+        max_context=CI_BUDGET.max_context,
+        limit=CI_BUDGET.production,
+    )
+    return {(r.dimension, r.wanted) for r in found}
+
+
+@pytest.mark.parametrize(
+    ("changes", "dimension", "label"),
+    [
+        ({}, "rank", "only"),
+        ({"dp_size": 4, "dp_rank": 0}, "rank", "first"),
+        ({"dp_size": 4, "dp_rank": 2}, "rank", "middle"),
+        ({"dp_size": 4, "dp_rank": 3}, "rank", "last"),
+        ({"dp_size": 12, "dp_rank": 3}, "dp_size", "9-16"),
+        ({"num_kv_heads": 1}, "heads", "MQA"),
+        ({"num_heads": 2}, "heads", "MHA"),
+        ({"num_heads": 24}, "heads", "GQA 9+"),
+        ({"context_lens": (5, 7), "query_lens": (1, 7)}, "batch", "mixed"),
+        ({"context_lens": (7,), "query_lens": (3,)}, "batch", "extend"),
+        ({"context_lens": (32769,), "query_lens": (1,)}, "context", "32769+"),
+        ({"context_lens": (300,), "query_lens": (129,)}, "query", "129+"),
+        ({"pad_to": 3}, "padding", "graph-padded"),
+        ({"combined_kv": True}, "cache", "combined K/V"),
+        ({"layout": PoolLayout.PER_RANK}, "layout", "per_rank"),
+    ],
+)
+def test_labels(changes, dimension, label):
+    assert labels(replace(BASE, **changes))[dimension] == label
+
+
+def test_default_claim_promises_every_dimension():
+    found = wanted(Capabilities())
+    for value in ("float32", "float16", "bfloat16"):
+        assert ("dtype", value) in found
+    assert {("dp_size", "17-64"), ("rank", "middle"), ("context", "32769+")} <= found
+    assert {("padding", "graph-padded"), ("mask", "non-causal"), ("query", "129+")} <= found
+    assert ("page_size", "not a power of two") in found
+
+
+def test_a_narrow_claim_promises_only_what_it_claims_and_can_afford():
+    caps = Capabilities(
+        dtypes=(torch.float32,),
+        page_sizes=(256,),
+        head_dims=(256,),
+        max_dp_size=1,
+        graph_mode=False,
+        non_causal=False,
+    )
+    found = wanted(caps)
+    assert ("dtype", "float16") not in found
+    assert ("page_size", "256") in found
+    assert ("head_dim", "256") in found
+    assert not any(d == "dp_size" and v != "1" for d, v in found)
+    assert ("rank", "first") not in found
+    assert ("padding", "graph-padded") not in found
+    assert ("mask", "non-causal") not in found
+    assert ("shared_prefix", "shared") not in found  # a 256-token page cannot be shared here
+    assert ("context", "32769+") not in found  # 32769 keys x 256 dims > the cost limit
+
+
+def test_a_long_claim_promises_its_ends_and_an_odd_value():
+    found = wanted(Capabilities(page_sizes=tuple(range(1, 41))))
+    pages = {v for d, v in found if d == "page_size"}
+    assert pages == {"1", "3", "40"}
+
+
+def test_max_seq_len_limits_the_context_buckets():
+    found = wanted(Capabilities(max_seq_len=200))
+    contexts = {v for d, v in found if d == "context"}
+    assert contexts == {"1-64", "65-256"}
+    assert ("query", "129+") in found
+
+
+def test_gaps_are_named_in_the_table_and_the_json():
+    log = CoverageLog()
+    log.record("b", "test_x", [BASE])
+    need = [
+        Requirement("dtype", "float32", lambda v: v == "float32"),
+        Requirement("dtype", "bfloat16", lambda v: v == "bfloat16"),
+    ]
+    assert [r.wanted for r in log.backends["b"].missing(need)] == ["bfloat16"]
+    assert "never checked, though claimed: dtype bfloat16" in "\n".join(log.table("b", need))
+    data = log.as_json({"b": need})["b"]
+    assert data["never_checked"] == ["dtype: bfloat16"]
+    assert data["examples"] == 1
+    assert data["dimensions"]["page_size"] == {"3": 1}
+
+
+def test_the_plugin_fails_a_complete_run_with_a_gap(monkeypatch):
+    """Enforced only when every conformance module ran and nothing was deselected."""
+    reference = default_registry().resolve("reference")
+    log = CoverageLog()
+    log.record("reference", "test_x", [BASE])
+    modules = {f"suites.conformance.{m}" for m in ("test_oracle", "test_canary")}
+    monkeypatch.setitem(plugin._STATE, "coverage", log)
+    monkeypatch.setitem(plugin._STATE, "entries", [reference])
+    monkeypatch.setitem(plugin._STATE, "profile", "ci")
+    monkeypatch.setitem(plugin._STATE, "deselected", False)
+    monkeypatch.setattr(plugin, "_whole_suite_ran", lambda name: True)
+    gaps = plugin._coverage_gaps()["reference"]
+    assert ("dtype", "bfloat16") in {(g.dimension, g.wanted) for g in gaps}
+    monkeypatch.undo()
+    monkeypatch.setitem(plugin._STATE, "modules", {"reference": modules})
+    monkeypatch.setitem(plugin._STATE, "deselected", False)
+    assert not plugin._whole_suite_ran("reference")  # a partial run reports, never fails
+
+
+def test_the_stateful_machine_runs_real_programs():
+    """Median >= 8 forward steps per ci run; every rule reached in most runs."""
+    profile = get_profile("ci")
+    runs: list[StatefulRun] = []
+    machine = conformance_machine(
+        default_registry().resolve("reference"), profile.budget, on_run=runs.append
+    )
+    run_machine(
+        machine,
+        settings(
+            profile.settings,
+            max_examples=profile.stateful_examples,
+            stateful_step_count=profile.stateful_steps,
+        ),
+    )
+    assert len(runs) == profile.stateful_examples
+    assert statistics.median(r.steps for r in runs) >= 8
+    reached = Counter(rule for r in runs for rule in r.reached)
+    for rule in RULES:
+        assert reached[rule] > len(runs) / 2, (rule, reached)
+
+
+def test_multi_rank_draws_are_mostly_real_groups():
+    sizes = []
+
+    @settings(get_profile("ci").settings, max_examples=100)
+    @given(data=st.data())
+    def draw(data):
+        sizes.append(data.draw(multi_rank_scenarios(Capabilities()))[0].dp_size)
+
+    draw()
+    assert sum(size >= 2 for size in sizes) >= 0.7 * len(sizes)

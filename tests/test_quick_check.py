@@ -1,0 +1,43 @@
+"""What ``attn-harness check`` covers for a claim (``harness.quick_check``), without running it."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.contract import Capabilities
+from harness.quick_check import (
+    BATCHES,
+    DEFAULT_HEAD_DIMS,
+    DEFAULT_PAGE_SIZES,
+    quick_coverage,
+    quick_scenarios,
+)
+
+
+def test_every_claimed_page_size_and_head_dim_once_without_the_product() -> None:
+    caps = Capabilities(
+        dtypes=(torch.float32,), page_sizes=(16, 1, 16), head_dims=(64, 128, 256), max_dp_size=2
+    )
+    coverage = quick_coverage(caps)
+    assert coverage.geometries == [(16, 64), (1, 64), (16, 128), (16, 256)]
+    scenarios = [s for _, s in quick_scenarios(caps)]
+    assert len(scenarios) == 4 * len(BATCHES) * 3  # ranks 0/1, 0/2, 1/2
+    assert {(s.page_size, s.head_dim) for s in scenarios} == set(coverage.geometries)
+    assert coverage.describe() == (
+        "page sizes 16,1 at head dim 64; head dims 64,128,256 at page size 16; "
+        "float32; dp_size 1..2, both layouts"
+    )
+
+
+def test_any_page_size_and_head_dim_get_the_default_sets() -> None:
+    coverage = quick_coverage(Capabilities())
+    assert (coverage.page_sizes, coverage.head_dims) == (DEFAULT_PAGE_SIZES, DEFAULT_HEAD_DIMS)
+    assert len(coverage.page_sizes) > 1
+    assert len(coverage.head_dims) > 1
+    assert any(dim % 2 for dim in coverage.head_dims)  # an odd head dim, past any vector width
+
+
+def test_a_claim_with_no_page_size_checks_nothing() -> None:
+    caps = Capabilities(page_sizes=())
+    assert list(quick_scenarios(caps)) == []
+    assert quick_coverage(caps).describe().startswith("nothing")
