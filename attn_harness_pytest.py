@@ -85,6 +85,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "reported but not required",
     )
     group.addoption(
+        "--shrink-time-limit",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop shrinking a failure after this long and report the smallest example found "
+        "so far (default: hypothesis's, 300 s); lower it for a slow backend",
+    )
+    group.addoption(
         "--coverage-json",
         default=None,
         metavar="PATH",
@@ -101,6 +109,9 @@ def pytest_configure(config: pytest.Config) -> None:
     _STATE["examples"] = config.getoption("examples")
     if _STATE["examples"] is not None and _STATE["examples"] < 1:
         raise pytest.UsageError(f"--examples must be >= 1, got {_STATE['examples']}")
+    shrink = config.getoption("shrink_time_limit")
+    if shrink is not None:
+        _limit_shrinking(shrink)
     _STATE["checked"] = {}
     _STATE["entries"] = None
     _STATE["coverage"] = None
@@ -109,6 +120,24 @@ def pytest_configure(config: pytest.Config) -> None:
     specs = config.getoption("backend")
     if specs:  # resolve now, so an unloadable spec is a usage error before collection
         _STATE["entries"] = _resolve(specs)
+
+
+def _limit_shrinking(seconds: float) -> None:
+    """Set hypothesis's shrinking budget (a module constant; it has no setting for it).
+
+    Shrinking re-runs the failing property on ever smaller draws; with a slow
+    backend the default five minutes can end on a large example, so a lower
+    budget is better spent on a backend whose every example takes seconds.
+    """
+    if seconds <= 0:
+        raise pytest.UsageError(f"--shrink-time-limit must be > 0, got {seconds:g}")
+    from hypothesis.internal.conjecture import engine
+
+    if not hasattr(engine, "MAX_SHRINKING_SECONDS"):
+        raise pytest.UsageError(
+            "--shrink-time-limit: this hypothesis version has no shrinking time budget to set"
+        )
+    engine.MAX_SHRINKING_SECONDS = seconds
 
 
 def _resolve(specs: list[str]) -> list[Any]:

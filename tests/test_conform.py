@@ -172,6 +172,43 @@ def test_pytest_usage_error_for_a_bad_spec():
     assert "--backend nope:Nope" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--examples", "0"], "--examples must be >= 1"),
+        (["--shrink-time-limit", "0"], "--shrink-time-limit must be > 0"),
+    ],
+)
+def test_pytest_usage_error_for_bad_budgets(option, message):
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--pyargs",
+        "suites.conformance",
+        "-p",
+        "attn_harness_pytest",
+        "-p",
+        "no:cacheprovider",
+        *option,
+    ]
+    result = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR
+    assert message in result.stderr
+
+
+def test_shrink_time_limit_sets_hypothesis_budget(monkeypatch):
+    from hypothesis.internal.conjecture import engine
+
+    import attn_harness_pytest
+
+    monkeypatch.setattr(engine, "MAX_SHRINKING_SECONDS", engine.MAX_SHRINKING_SECONDS)
+    attn_harness_pytest._limit_shrinking(12.5)
+    assert engine.MAX_SHRINKING_SECONDS == 12.5
+
+
 def test_pytest_arguments():
     args = pytest_arguments(["a", "b.py:C"], "thorough", "out.xml", ["-x"])
     assert args[args.index("--conformance-profile") + 1] == "thorough"

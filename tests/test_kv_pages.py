@@ -76,8 +76,6 @@ def test_dp_page_range_partition_invariants(dp_size):
         assert sizes == sorted(sizes, reverse=True)
         base, extra = divmod(total, dp_size)
         assert sizes == [base + (r < extra) for r in range(dp_size)]
-        # Deterministic: a second call gives the same ranges.
-        assert ranges == [dp_page_range(total, dp_size, r) for r in range(dp_size)]
 
 
 @pytest.mark.parametrize("total", [1, 2, 7, 64, 1000])
