@@ -137,7 +137,7 @@ def _limit_shrinking(seconds: float) -> None:
         raise pytest.UsageError(
             "--shrink-time-limit: this hypothesis version has no shrinking time budget to set"
         )
-    engine.MAX_SHRINKING_SECONDS = seconds
+    engine.MAX_SHRINKING_SECONDS = seconds  # type: ignore[assignment]  # read as a number
 
 
 def _resolve(specs: list[str]) -> list[Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -345,8 +346,10 @@ def check_rejects_foreign_block_table_entry(entry: BackendEntry, scenario: Scena
             f"block_table[{row}, {column}] = page {page} of another rank "
             f"(row {row} has {pages_needed(int(metadata.seq_lens[row]), scenario.page_size)} "
             "pages in use; no slot moved)",
-            lambda b=backend, t=table: b.prepare(
-                replace(metadata, block_table=t), graph_mode=scenario.graph_mode
+            partial(
+                backend.prepare,
+                replace(metadata, block_table=table),
+                graph_mode=scenario.graph_mode,
             ),
         )
         if any(changed_slots(inputs.caches, before)):

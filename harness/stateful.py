@@ -19,6 +19,8 @@ import inspect
 import sys
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
+from typing import TypeVar
 
 import torch
 from hypothesis import note
@@ -41,6 +43,7 @@ from harness.scenario import Scenario, backend_for, scenario_caches
 from harness.sequence_run import RankSteps
 from harness.strategies import Budget, geometries
 
+T = TypeVar("T")
 MAX_LIVE = 4
 """Sequences one rank holds at once; pools hold this many of the longest."""
 MAX_STATEFUL_DP = 8
@@ -117,8 +120,8 @@ def conformance_machine(
             for rank in range(dp_size):
                 member = replace(self.group, dp_rank=rank)
                 caches = shared or scenario_caches(member)
-                backend = self._call(lambda m=member: backend_for(entry, m))
-                self._call(lambda b=backend, c=caches: b.bind_kv_caches(c))
+                backend = self._call(partial(backend_for, entry, member))
+                self._call(partial(backend.bind_kv_caches, caches))
                 builder = BatchBuilder(pool, rank, g.page_size)
                 self.ranks.append(RankSteps(backend, builder, caches, g, gen, f"rank {rank}"))
             note(
@@ -127,7 +130,7 @@ def conformance_machine(
             )
             self._admit(self.ranks[0], data)  # every run starts with a step
 
-        def _call(self, fn: Callable[[], object]) -> object:
+        def _call(self, fn: Callable[[], T]) -> T:
             """A backend call on input inside its claim: ``Unsupported`` there is a failure."""
             try:
                 return fn()
@@ -170,7 +173,8 @@ def conformance_machine(
             self._new_request(data.draw(st.sampled_from(self._with_room()), label="rank"), data)
 
         def _new_request(self, rank: RankSteps, data: st.DataObject) -> None:
-            if self._forkable(rank) and data.draw(st.booleans(), label="prefix cache hit"):
+            forkable = bool(self._forkable(rank))
+            if forkable and data.draw(st.booleans(), label="prefix cache hit"):
                 self._fork(rank, data)  # its prompt starts with a cached prefix
             else:
                 self._admit(rank, data)
@@ -253,7 +257,7 @@ def conformance_machine(
             if caps.graph_mode and data.draw(st.booleans(), label="graph"):
                 pad_to = len(requests) + data.draw(st.integers(0, 2))
             try:
-                built = self._call(lambda: rank.step(requests, pad_to=pad_to))
+                built = self._call(partial(rank.step, requests, pad_to=pad_to))
             except OutOfPages:
                 self.run.skipped["step: rank out of pages"] += 1
                 return

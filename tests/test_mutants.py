@@ -49,10 +49,16 @@ def test_every_test_catches_a_bug_of_its_own_or_says_which_test_does(verdicts):
     ("mutant", "test"),
     [
         ("ChecksOnlySlots", "test_foreign_block_table_entry_rejected"),
+        ("ChecksOnlyBlockTable", "test_foreign_slot_rejected"),
         ("RejectsStaleEntries", "test_stale_block_table_entries_ignored"),
-        ("NonDeterministic", "test_second_run_is_bit_identical"),
+        ("ClearsBlockTablePadding", "test_inputs_unmodified_outputs_finite"),
     ],
 )
 def test_loophole_mutants_are_caught_by_their_property_alone(verdicts, mutant, test):
     spec = f"suites.mutants.backends:{mutant}"
     assert verdicts[spec].failed == (test,)
+
+
+def test_refusing_what_it_claims_is_caught_everywhere_dp_is_drawn(verdicts):
+    failed = set(verdicts["suites.mutants.backends:RefusesDpGroups"].failed)
+    assert {"test_every_rank_matches_oracle", "test_each_rank_keeps_to_its_pages"} <= failed

@@ -14,7 +14,7 @@ import torch
 
 from harness.contract import AttentionMetadata, LayerCache
 from harness.errors import Unsupported
-from harness.kv_pages import pages_needed
+from harness.kv_pages import pages_needed, put_rows
 from reference_backends.paged_base import PreparedStep
 from reference_backends.reference import ReferenceBackend
 
@@ -53,6 +53,25 @@ class ChecksOnlySlots(ReferenceBackend):
             if slot != -1 and slot // geometry.page_size not in page_range:
                 raise ValueError(f"slot {slot} is not this rank's")
         self.validate = False  # the harness's validator would check the table too
+        try:
+            super().prepare(metadata, graph_mode=graph_mode)
+        finally:
+            self.validate = True
+
+
+class ChecksOnlyBlockTable(ReferenceBackend):
+    """Checks that in-use pages are its rank's, never the new slots: writes foreign pages."""
+
+    def prepare(self, metadata: AttentionMetadata, graph_mode: bool = False) -> None:
+        size = self._require_bound().page_size
+        page_range = self._page_range
+        assert page_range is not None
+        table, lengths = metadata.block_table.tolist(), metadata.seq_lens.tolist()
+        for row, length in zip(table, lengths, strict=True):
+            for page in row[: pages_needed(length, size)]:
+                if page not in page_range:
+                    raise ValueError(f"page {page} is not this rank's")
+        self.validate = False  # the harness's validator would check the slots too
         try:
             super().prepare(metadata, graph_mode=graph_mode)
         finally:
@@ -182,6 +201,38 @@ class WritesPaddingSlots(ReferenceBackend):
         )
 
 
+class ZeroesPageTail(ReferenceBackend):
+    """Zeroes the unwritten tail of each sequence's last page ("fresh" memory): never read,
+    so outputs stay right, but it writes slots outside ``slot_mapping``."""
+
+    def forward(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_idx: int
+    ) -> torch.Tensor:
+        out = super().forward(query, key, value, layer_idx)
+        geometry = self._require_bound()
+        assert self._step is not None
+        size, base = geometry.page_size, geometry.page_offset * geometry.page_size
+        cache = self._caches[layer_idx]
+        checked = self._step.checked
+        for pages, length in zip(checked.pages, checked.seq_lens, strict=True):
+            if length % size:
+                last = pages[-1] * size - base
+                rows = torch.arange(last + length % size, last + size, device=query.device)
+                zeros = torch.zeros(len(rows), *cache.key.shape[2:], dtype=cache.key.dtype)
+                put_rows(cache.key, rows, zeros.to(query.device))
+                put_rows(cache.value, rows, zeros.to(query.device))
+        return out
+
+
+class ClearsBlockTablePadding(ReferenceBackend):
+    """Replaces the caller's -1 block-table entries with 0 in place (so a gather never
+    indexes -1), after reading them: outputs stay right, the caller's metadata does not."""
+
+    def prepare(self, metadata: AttentionMetadata, graph_mode: bool = False) -> None:
+        super().prepare(metadata, graph_mode=graph_mode)
+        metadata.block_table.clamp_(min=0)
+
+
 class IgnoresLayerIndex(ReferenceBackend):
     """Reads and writes layer 0's cache whatever ``layer_idx`` says."""
 
@@ -242,6 +293,7 @@ MUTANTS: tuple[type, ...] = (
     PartitionFloor,
     SkipsOwnershipCheck,
     ChecksOnlySlots,
+    ChecksOnlyBlockTable,
     RejectsStaleEntries,
     RefusesDpGroups,
     IgnoresPageOffset,
@@ -254,8 +306,10 @@ MUTANTS: tuple[type, ...] = (
     ReadsWholeLastPage,
     AssumesContiguousPages,
     WritesPaddingSlots,
+    ZeroesPageTail,
     IgnoresLayerIndex,
     ModifiesQueryInPlace,
+    ClearsBlockTablePadding,
     IgnoresStrides,
     NonDeterministic,
     StalePlanCache,

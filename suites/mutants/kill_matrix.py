@@ -60,7 +60,22 @@ SUBSUMED = {
     "test_each_rank_keeps_to_its_pages": "test_stateful_steps runs the same schedules among "
     "its random programs; this test names the DP partition",
     "test_ranks_together_equal_each_alone": "cross-rank interference large enough to plant "
-    "also fails test_every_rank_matches_oracle; this test catches the sub-tolerance kind",
+    "also fails test_every_rank_matches_oracle, and run-to-run noise also fails "
+    "test_second_run_is_bit_identical; this test catches sub-tolerance interference",
+    "test_second_run_is_bit_identical": "test_ranks_together_equal_each_alone demands bit "
+    "identity too and so also catches NonDeterministic; this is its single-rank form",
+    "test_foreign_pages_rejected": "a whole foreign step is refused by a backend that checks "
+    "either the block table (test_foreign_block_table_entry_rejected) or the slots "
+    "(test_foreign_slot_rejected); this test needs only one of the two",
+    "test_outputs_match_oracle": "every numeric bug also fails the other tests that compare "
+    "with the oracle (ranks, steps, layouts); this is the one that names it plainly",
+    "test_production_shapes_match_oracle": "the threshold mutants are also caught by the "
+    "tests that draw a production shape one time in four",
+    "test_only_mapped_slots_change": "test_each_rank_keeps_to_its_pages, "
+    "test_production_shapes_write_only_mapped_slots and test_stateful_steps run the same "
+    "canary (ZeroesPageTail, WritesPaddingSlots)",
+    "test_stateful_steps": "test_each_rank_keeps_to_its_pages also steps one backend "
+    "several times (StalePlanCache)",
     "test_production_shapes_write_only_mapped_slots": "test_only_mapped_slots_change draws "
     "production shapes one time in four",
     "test_bind_rejects_caches_without_the_ranks_pages": "the built-in base class makes this "
