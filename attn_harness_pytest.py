@@ -179,6 +179,13 @@ def current_profile() -> Any:
     return profile
 
 
+def get_default_examples() -> int:
+    """Examples per property test of the chosen profile, before ``--examples``."""
+    from harness.profiles import get_profile
+
+    return int(get_profile(_STATE["profile"]).settings.max_examples)
+
+
 def coverage_log() -> Any:
     """The session's ``harness.coverage.CoverageLog``."""
     if _STATE["coverage"] is None:
@@ -322,6 +329,14 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             terminalreporter.write_line("")
             for line in log.table(name, wanted if enforced else []):
                 terminalreporter.write_line(f"attn-harness {line}" if line[0] != " " else line)
+    examples = _STATE["examples"]
+    if log is not None and examples is not None:
+        default = get_default_examples()
+        if examples < default:
+            terminalreporter.write_line(
+                f"attn-harness: --examples {examples}, fewer than the {_STATE['profile']} "
+                f"profile's {default}: coverage is reported above, not required"
+            )
     for name, gaps in sorted(_coverage_gaps().items()):
         if gaps:
             terminalreporter.write_line(

@@ -72,7 +72,12 @@ def test_nothing_checkable_on_this_device_fails_and_says_so():
 
 def test_backend_refusing_everything_fails():
     result = conform(
-        "--backend", f"{FIXTURES}:RefusesEverything", "--", "-q", "-k", "test_outputs_match_oracle"
+        "--backend",
+        f"{FIXTURES}:RefusesEverything",
+        "--",
+        "-q",
+        "-k",
+        "test_outputs_match_oracle and float32",
     )
     assert result.returncode == EXIT_FAILED
     assert "raised Unsupported for a step inside its declared capabilities" in result.stdout
@@ -101,6 +106,7 @@ def test_examples_option_and_the_coverage_json_next_to_the_junit_report(tmp_path
     assert reference["examples_by_test"] == {"test_outputs_match_oracle": 6}
     assert reference["dimensions"]["dtype"] == {"float32": 2, "float16": 2, "bfloat16": 2}
     assert reference["never_checked"] == []  # a partial run reports; it does not require
+    assert "--examples 6, fewer than the ci profile's 100" in result.stdout
     names = {p.get("name") for p in ET.parse(junit).iter("property")}
     assert "coverage[reference].dtype" in names
 
