@@ -302,9 +302,10 @@ class CoverageLog:
         cover = self.backends[backend]
         totals = cover.totals()
         width = max(len(d) for d in DIMENSIONS)
+        steps = sum(totals["dtype"].values())  # one count per rank's step, in every dimension
         lines = [
             f"coverage of {backend!r}: {sum(cover.examples.values())} examples checked "
-            f"in {len(cover.examples)} tests"
+            f"in {len(cover.examples)} tests, {steps} rank-steps (counted below)"
         ]
         for dimension in DIMENSIONS:
             counts = totals[dimension]

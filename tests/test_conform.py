@@ -100,7 +100,7 @@ def test_examples_option_and_the_coverage_json_next_to_the_junit_report(tmp_path
         "test_outputs_match_oracle",
     )
     assert result.returncode == EXIT_OK, result.stdout[-3000:]
-    assert "coverage of 'reference': 6 examples checked in 1 tests" in result.stdout
+    assert "coverage of 'reference': 6 examples checked in 1 tests, 6 rank-steps" in result.stdout
     data = json.loads((tmp_path / "conform.coverage.json").read_text())
     reference = data["backends"]["reference"]
     assert reference["examples_by_test"] == {"test_outputs_match_oracle": 6}
