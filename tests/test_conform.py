@@ -30,6 +30,25 @@ def conform(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def run_pytest(*args: str) -> subprocess.CompletedProcess[str]:
+    """The suite under plain pytest with the plugin, as a user without the CLI runs it."""
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--pyargs",
+        "suites.conformance",
+        "-p",
+        "attn_harness_pytest",
+        "-p",
+        "no:cacheprovider",
+        *args,
+    ]
+    return subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False
+    )
+
+
 def test_builtin_passes_every_property():
     result = conform("--backend", "sdpa", "--profile", "kill", "--", "-q")
     assert result.returncode == EXIT_OK, result.stdout[-3000:]
@@ -134,46 +153,19 @@ def test_usage_errors_exit_2_before_running(capsys, args, message):
 
 def test_pytest_directly_with_the_plugin():
     """`pytest --pyargs suites.conformance --backend SPEC` runs the same suite."""
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "--pyargs",
-        "suites.conformance",
-        "-p",
-        "attn_harness_pytest",
-        "-p",
-        "no:cacheprovider",
+    result = run_pytest(
         "-q",
         "--backend",
         f"{FIXTURES}:OffByOneScale",
         "-k",
         "test_second_run_is_bit_identical or (test_outputs_match_oracle and float32)",
-    ]
-    result = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False
     )
     assert result.returncode == 1
     assert "1 failed, 1 passed" in result.stdout
 
 
 def test_pytest_usage_error_for_a_bad_spec():
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "--pyargs",
-        "suites.conformance",
-        "-p",
-        "attn_harness_pytest",
-        "-p",
-        "no:cacheprovider",
-        "--backend",
-        "nope:Nope",
-    ]
-    result = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False
-    )
+    result = run_pytest("--backend", "nope:Nope")
     assert result.returncode == pytest.ExitCode.USAGE_ERROR
     assert "--backend nope:Nope" in result.stderr
 
@@ -186,21 +178,7 @@ def test_pytest_usage_error_for_a_bad_spec():
     ],
 )
 def test_pytest_usage_error_for_bad_budgets(option, message):
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "--pyargs",
-        "suites.conformance",
-        "-p",
-        "attn_harness_pytest",
-        "-p",
-        "no:cacheprovider",
-        *option,
-    ]
-    result = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False
-    )
+    result = run_pytest(*option)
     assert result.returncode == pytest.ExitCode.USAGE_ERROR
     assert message in result.stderr
 

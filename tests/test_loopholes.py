@@ -26,9 +26,11 @@ from reference_backends.reference import ReferenceBackend
 from suites.conformance.conftest import check
 from suites.mutants.backends import (
     ChecksOnlySlots,
+    OwnOwnershipCheck,
     RefusesDpGroups,
     RejectsStaleEntries,
     StalePlanCache,
+    in_use_pages,
 )
 
 
@@ -52,23 +54,13 @@ TWO_RANKS = Scenario(
 )
 
 
-class ChecksAllButTheLastEntry(ReferenceBackend):
+class ChecksAllButTheLastEntry(OwnOwnershipCheck):
     """Checks the block table's in-use entries except the last one of each row."""
 
-    def prepare(self, metadata: AttentionMetadata, graph_mode: bool = False) -> None:
-        size = self._require_bound().page_size
-        page_range = self._page_range
-        assert page_range is not None
-        table, lengths = metadata.block_table.tolist(), metadata.seq_lens.tolist()
-        for row, length in zip(table, lengths, strict=True):
-            for page in row[: max(0, -(-length // size) - 1)]:
-                if page not in page_range:
-                    raise ValueError(f"page {page} is not this rank's")
-        self.validate = False
-        try:
-            super().prepare(metadata, graph_mode=graph_mode)
-        finally:
-            self.validate = True
+    def check_ownership(self, metadata: AttentionMetadata, page_size: int, pages: range) -> None:
+        for page in in_use_pages(metadata, page_size, drop_last=True):
+            if page not in pages:
+                raise ValueError(f"page {page} is not this rank's")
 
 
 class ReturnsNaN(ReferenceBackend):

@@ -42,40 +42,49 @@ class SkipsOwnershipCheck(ReferenceBackend):
         self._page_range = range(layer_caches[0].global_total_pages)
 
 
-class ChecksOnlySlots(ReferenceBackend):
+class OwnOwnershipCheck(ReferenceBackend):
+    """The reference with the harness's validator off and ``check_ownership`` in its place,
+    as an outside backend that writes its own checks would be."""
+
+    def check_ownership(self, metadata: AttentionMetadata, page_size: int, pages: range) -> None:
+        raise NotImplementedError
+
+    def prepare(self, metadata: AttentionMetadata, graph_mode: bool = False) -> None:
+        assert self._page_range is not None
+        self.check_ownership(metadata, self._require_bound().page_size, self._page_range)
+        self.validate = False
+        try:
+            super().prepare(metadata, graph_mode=graph_mode)
+        finally:
+            self.validate = True
+
+
+def in_use_pages(metadata: AttentionMetadata, page_size: int, drop_last: bool = False) -> list[int]:
+    """Every row's in-use block-table entries (without each row's last one if asked)."""
+    table, lengths = metadata.block_table.tolist(), metadata.seq_lens.tolist()
+    pages = []
+    for row, length in zip(table, lengths, strict=True):
+        used = pages_needed(length, page_size) - (1 if drop_last and length else 0)
+        pages += row[:used]
+    return pages
+
+
+class ChecksOnlySlots(OwnOwnershipCheck):
     """Checks that new slots are its rank's, never the block table: reads foreign pages."""
 
-    def prepare(self, metadata: AttentionMetadata, graph_mode: bool = False) -> None:
-        geometry = self._require_bound()
-        page_range = self._page_range
-        assert page_range is not None
+    def check_ownership(self, metadata: AttentionMetadata, page_size: int, pages: range) -> None:
         for slot in metadata.slot_mapping.tolist():
-            if slot != -1 and slot // geometry.page_size not in page_range:
+            if slot != -1 and slot // page_size not in pages:
                 raise ValueError(f"slot {slot} is not this rank's")
-        self.validate = False  # the harness's validator would check the table too
-        try:
-            super().prepare(metadata, graph_mode=graph_mode)
-        finally:
-            self.validate = True
 
 
-class ChecksOnlyBlockTable(ReferenceBackend):
+class ChecksOnlyBlockTable(OwnOwnershipCheck):
     """Checks that in-use pages are its rank's, never the new slots: writes foreign pages."""
 
-    def prepare(self, metadata: AttentionMetadata, graph_mode: bool = False) -> None:
-        size = self._require_bound().page_size
-        page_range = self._page_range
-        assert page_range is not None
-        table, lengths = metadata.block_table.tolist(), metadata.seq_lens.tolist()
-        for row, length in zip(table, lengths, strict=True):
-            for page in row[: pages_needed(length, size)]:
-                if page not in page_range:
-                    raise ValueError(f"page {page} is not this rank's")
-        self.validate = False  # the harness's validator would check the slots too
-        try:
-            super().prepare(metadata, graph_mode=graph_mode)
-        finally:
-            self.validate = True
+    def check_ownership(self, metadata: AttentionMetadata, page_size: int, pages: range) -> None:
+        for page in in_use_pages(metadata, page_size):
+            if page not in pages:
+                raise ValueError(f"page {page} is not this rank's")
 
 
 class RejectsStaleEntries(ReferenceBackend):
