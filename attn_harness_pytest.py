@@ -195,14 +195,20 @@ def coverage_log() -> Any:
     return _STATE["coverage"]
 
 
-def record_examples(backend: str, scenarios: list[Any]) -> None:
-    """Count one checked example of the running conformance test (every rank's step in it).
+def record_examples(backend: str, scenarios: list[Any], *, example: bool = True) -> None:
+    """Count one example of the running conformance test that held (every rank's step in it).
 
     Outside a conformance test (the harness's own unit tests call the same
     checks) nothing is counted.
     """
     if _STATE["current_test"] is not None:
-        coverage_log().record(backend, _STATE["current_test"], scenarios)
+        coverage_log().record(backend, _STATE["current_test"], scenarios, example=example)
+
+
+def record_run(backend: str, run: Any) -> None:
+    """Count one finished run of the stateful machine."""
+    if _STATE["current_test"] is not None:
+        coverage_log().record_stateful(backend, _STATE["current_test"], run)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -305,6 +311,9 @@ def _write_json(path: Path, data: Any) -> None:
     try:
         with os.fdopen(fd, "w") as handle:
             json.dump(data, handle, indent=1)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as an ordinary file; mkstemp makes it private
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -380,7 +389,11 @@ def _save_coverage(config: pytest.Config) -> None:
         for name in log.backends
         if name in entries and _whole_suite_ran(name)
     }
-    data = {"profile": _STATE["profile"], "backends": log.as_json(wanted)}
+    data = {
+        "profile": _STATE["profile"],
+        "examples_per_test": int(current_profile().settings.max_examples),
+        "backends": log.as_json(wanted),
+    }
     path = _coverage_json_path(config)
     if path is not None:
         _write_json(path, data)
@@ -394,7 +407,7 @@ def _save_coverage(config: pytest.Config) -> None:
     for name, backend in data["backends"].items():
         xml.add_global_property(f"coverage[{name}].examples", backend["examples"])
         for dimension, counts in backend["dimensions"].items():
-            cells = " ".join(f"{label}={n}" for label, n in counts.items())
+            cells = "; ".join(f"{label}={n}" for label, n in counts.items())
             xml.add_global_property(f"coverage[{name}].{dimension}", cells)
         if backend["stateful"].get("runs"):
             stateful = backend["stateful"]

@@ -285,17 +285,26 @@ class CoverageLog:
     def _backend(self, backend: str) -> BackendCoverage:
         return self.backends.setdefault(backend, BackendCoverage())
 
-    def record(self, backend: str, test: str, scenarios: Iterable[Scenario]) -> None:
-        """One checked example of ``test``: every rank's step in it."""
+    def record(
+        self, backend: str, test: str, scenarios: Iterable[Scenario], *, example: bool = True
+    ) -> None:
+        """One example of ``test`` that held: every rank's step in it.
+
+        ``example=False`` counts the steps' dimensions only (a stateful run's
+        steps; the run itself is counted once, by ``record_stateful``).
+        """
         cover = self._backend(backend)
-        cover.examples[test] += 1
+        cover.examples[test] += example
         dims = cover.by_test.setdefault(test, {d: Counter() for d in DIMENSIONS})
         for scenario in scenarios:
             for dimension, label in labels(scenario).items():
                 dims[dimension][label] += 1
 
-    def record_stateful(self, backend: str, run: StatefulRun) -> None:
-        self._backend(backend).stateful.append(run)
+    def record_stateful(self, backend: str, test: str, run: StatefulRun) -> None:
+        """One finished stateful run: an example of ``test``."""
+        cover = self._backend(backend)
+        cover.examples[test] += 1
+        cover.stateful.append(run)
 
     def table(self, backend: str, wanted: Iterable[Requirement] = ()) -> list[str]:
         """A compact per-dimension table for the terminal, gaps last."""
@@ -304,8 +313,8 @@ class CoverageLog:
         width = max(len(d) for d in DIMENSIONS)
         steps = sum(totals["dtype"].values())  # one count per rank's step, in every dimension
         lines = [
-            f"coverage of {backend!r}: {sum(cover.examples.values())} examples checked "
-            f"in {len(cover.examples)} tests, {steps} rank-steps (counted below)"
+            f"coverage of {backend!r}: {sum(cover.examples.values())} examples held in "
+            f"{len(cover.examples)} test functions, {steps} rank-steps (counted below)"
         ]
         for dimension in DIMENSIONS:
             counts = totals[dimension]
@@ -325,11 +334,18 @@ class CoverageLog:
         return lines
 
     def as_json(self, wanted: dict[str, list[Requirement]] | None = None) -> dict[str, Any]:
-        """Plain data for the results and report tools."""
+        """Plain data for the results and report tools.
+
+        ``coverage_required`` says whether the run held this backend to the
+        profile's promise (``wanted`` has an entry for it); without it,
+        ``never_checked`` is empty because nothing was required.
+        """
+        wanted = wanted or {}
         out: dict[str, Any] = {}
         for name, cover in self.backends.items():
-            gaps = cover.missing((wanted or {}).get(name, []))
+            gaps = cover.missing(wanted.get(name, []))
             out[name] = {
+                "coverage_required": name in wanted,
                 "examples": sum(cover.examples.values()),
                 "examples_by_test": dict(sorted(cover.examples.items())),
                 "dimensions": {d: dict(_ordered(c)) for d, c in cover.totals().items() if c},
@@ -343,12 +359,24 @@ class CoverageLog:
         return out
 
 
+LABEL_ORDER = (
+    *("float32", "float16", "bfloat16", "only", "first", "middle", "last", "shared", "per_rank"),
+    *("MHA", "GQA 2-8", "GQA 9+", "MQA", "decode", "prefill", "extend", "mixed"),
+    *("causal", "non-causal", "none", "graph-padded", "dense", "strided", "separate K/V"),
+    "combined K/V",
+)
+"""The order categorical labels are printed in, so every run's table reads the same."""
+
+
 def _ordered(counts: Counter[str]) -> list[tuple[str, int]]:
-    """Numeric labels in numeric order, others in the order they were first seen."""
+    """Numeric labels in numeric order, the others in ``LABEL_ORDER``."""
 
     def key(item: tuple[str, int]) -> tuple[int, float]:
         head = item[0].split("-")[0].rstrip("+")
-        return (0, float(head)) if head.isdigit() else (1, 0.0)
+        if head.isdigit():
+            return (0, float(head))
+        known = item[0] in LABEL_ORDER
+        return (1, float(LABEL_ORDER.index(item[0]) if known else len(LABEL_ORDER)))
 
     return sorted(counts.items(), key=key)
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 class Unsupported(ValueError):
     """A backend refuses a capability it does not have (dtype, page size, ...).
 
-    Distinct from a wrong rejection: the suites skip such cases instead of
-    failing them.
+    Distinct from a wrong rejection (a plain ``ValueError`` on valid input).
+    The suites draw only inside a backend's declared ``Capabilities``, so an
+    ``Unsupported`` there fails, naming the claim it breaks; outside the
+    claim (a backend that is not DP-aware asked for DP) it is a skip.
     """
 
 

@@ -187,8 +187,9 @@ def run_quick_check(entry: BackendEntry) -> list[CaseResult]:
             continue
         try:
             status, detail = _run_case(entry, scenario)
-        except Unsupported as exc:
-            results.append(CaseResult(entry.name, case, "UNSUPPORTED", str(exc)))
+        except Unsupported as exc:  # every case lies inside the claim: a refusal breaks it
+            detail = f"raised Unsupported inside its declared capabilities: {exc}"
+            results.append(CaseResult(entry.name, case, "FAILED", detail))
             continue
         except Exception as exc:  # reported per case, with its type, never swallowed silently
             results.append(CaseResult(entry.name, case, "ERROR", f"{type(exc).__name__}: {exc}"))

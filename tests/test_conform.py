@@ -119,12 +119,15 @@ def test_examples_option_and_the_coverage_json_next_to_the_junit_report(tmp_path
         "test_outputs_match_oracle",
     )
     assert result.returncode == EXIT_OK, result.stdout[-3000:]
-    assert "coverage of 'reference': 6 examples checked in 1 tests, 6 rank-steps" in result.stdout
+    header = "coverage of 'reference': 6 examples held in 1 test functions, 6 rank-steps"
+    assert header in result.stdout
     data = json.loads((tmp_path / "conform.coverage.json").read_text())
     reference = data["backends"]["reference"]
     assert reference["examples_by_test"] == {"test_outputs_match_oracle": 6}
     assert reference["dimensions"]["dtype"] == {"float32": 2, "float16": 2, "bfloat16": 2}
     assert reference["never_checked"] == []  # a partial run reports; it does not require
+    assert reference["coverage_required"] is False
+    assert data["examples_per_test"] == 6
     assert "--examples 6, fewer than the ci profile's 100" in result.stdout
     names = {p.get("name") for p in ET.parse(junit).iter("property")}
     assert "coverage[reference].dtype" in names

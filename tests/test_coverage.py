@@ -112,6 +112,8 @@ def test_gaps_are_named_in_the_table_and_the_json():
     assert [r.wanted for r in log.backends["b"].missing(need)] == ["bfloat16"]
     assert "never checked, though claimed: dtype bfloat16" in "\n".join(log.table("b", need))
     data = log.as_json({"b": need})["b"]
+    assert data["coverage_required"] is True
+    assert log.as_json()["b"]["coverage_required"] is False
     assert data["never_checked"] == ["dtype: bfloat16"]
     assert data["examples"] == 1
     assert data["dimensions"]["page_size"] == {"3": 1}
@@ -168,3 +170,14 @@ def test_multi_rank_draws_are_mostly_real_groups():
 
     draw()
     assert sum(size >= 2 for size in sizes) >= 0.7 * len(sizes)
+
+
+def test_labels_print_in_a_fixed_order_and_stateful_steps_are_not_examples():
+    log = CoverageLog()
+    log.record("b", "test_x", [replace(BASE, dp_size=3, dp_rank=2)])
+    log.record("b", "test_x", [replace(BASE, dp_size=3, dp_rank=0)])
+    log.record("b", "test_steps", [BASE, BASE], example=False)
+    log.record_stateful("b", "test_steps", StatefulRun(steps=2))
+    rank_line = next(line for line in log.table("b") if line.strip().startswith("rank"))
+    assert rank_line.split()[1:] == ["only", "2", "first", "1", "last", "1"]
+    assert log.as_json()["b"]["examples_by_test"] == {"test_steps": 1, "test_x": 2}

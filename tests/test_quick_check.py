@@ -5,13 +5,17 @@ from __future__ import annotations
 import torch
 
 from harness.contract import Capabilities
+from harness.errors import Unsupported
 from harness.quick_check import (
     BATCHES,
     DEFAULT_HEAD_DIMS,
     DEFAULT_PAGE_SIZES,
     quick_coverage,
     quick_scenarios,
+    run_quick_check,
 )
+from harness.registry import BackendEntry
+from reference_backends.reference import ReferenceBackend
 
 
 def test_every_claimed_page_size_and_head_dim_once_without_the_product() -> None:
@@ -41,3 +45,22 @@ def test_a_claim_with_no_page_size_checks_nothing() -> None:
     caps = Capabilities(page_sizes=())
     assert list(quick_scenarios(caps)) == []
     assert quick_coverage(caps).describe().startswith("nothing")
+
+
+class _RefusesBf16(ReferenceBackend):
+    """Claims every dtype, then refuses bf16 with ``Unsupported``."""
+
+    def prepare(self, metadata, graph_mode=False):
+        if self._require_bound().dtype == torch.bfloat16:
+            raise Unsupported("bf16 not implemented")
+        super().prepare(metadata, graph_mode=graph_mode)
+
+
+def test_unsupported_inside_the_claim_fails_the_case() -> None:
+    entry = BackendEntry(name="refuses-bf16", cls=_RefusesBf16, origin="test")
+    results = run_quick_check(entry)
+    refused = [r for r in results if "bfloat16" in r.case]
+    assert refused
+    assert all(r.status == "FAILED" for r in refused)
+    assert "raised Unsupported inside its declared capabilities: bf16" in refused[0].detail
+    assert all(r.status == "PASSED" for r in results if "bfloat16" not in r.case)

@@ -149,6 +149,6 @@ def check(prop: Callable[..., None], entry: BackendEntry, *args: Any) -> None:
         failure = PropertyFailure(
             f"{prop.__name__} crashed: {type(exc).__name__}: {exc}{_shapes(args)}\n{where}"
         )
-    record_examples(entry.name, _scenarios(args))
     if failure is not None:
         raise failure
+    record_examples(entry.name, _scenarios(args))  # an example that held

@@ -5,11 +5,9 @@ every step; each run's steps and the rules it reached are counted in the
 coverage table.
 """
 
-from functools import partial
-
 from hypothesis import settings
 
-from attn_harness_pytest import coverage_log, record_examples
+from attn_harness_pytest import record_examples, record_run
 from harness.stateful import conformance_machine, run_machine
 from suites.conformance.conftest import DEVICE, PROFILE
 
@@ -19,8 +17,8 @@ def test_stateful_steps(backend_entry) -> None:
         backend_entry,
         PROFILE.budget,
         DEVICE,
-        on_step=lambda scenario: record_examples(backend_entry.name, [scenario]),
-        on_run=partial(coverage_log().record_stateful, backend_entry.name),
+        on_step=lambda scenario: record_examples(backend_entry.name, [scenario], example=False),
+        on_run=lambda run: record_run(backend_entry.name, run),
     )
     run_machine(
         machine,

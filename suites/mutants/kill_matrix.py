@@ -20,6 +20,7 @@ import argparse
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 from dataclasses import dataclass
@@ -152,7 +153,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="kill", choices=("kill", "ci", "thorough"))
     args = parser.parse_args()
-    verdicts = run_suite([*BUILTINS, *mutant_specs()], args.profile)
+    specs = [*BUILTINS, *mutant_specs()]
+    print(
+        f"running the {args.profile} profile over {len(specs)} backends in one pytest process "
+        "(kill: about 11 minutes on 2 cores; the matrix prints at the end)",
+        flush=True,
+    )
+    started = time.perf_counter()
+    verdicts = run_suite(specs, args.profile)
+    print(f"ran in {time.perf_counter() - started:.0f} s\n")
     tests = sorted({t for v in verdicts.values() for t in v.outcomes})
     print_matrix(verdicts, tests)
     only = exclusive_catches(verdicts, mutant_specs())
