@@ -360,9 +360,10 @@ class CoverageLog:
 
 
 LABEL_ORDER = (
-    *("float32", "float16", "bfloat16", "only", "first", "middle", "last", "shared", "per_rank"),
+    *("none", "float32", "float16", "bfloat16", "only", "first", "middle", "last"),
+    *("shared", "per_rank"),
     *("MHA", "GQA 2-8", "GQA 9+", "MQA", "decode", "prefill", "extend", "mixed"),
-    *("causal", "non-causal", "none", "graph-padded", "dense", "strided", "separate K/V"),
+    *("causal", "non-causal", "graph-padded", "dense", "strided", "separate K/V"),
     "combined K/V",
 )
 """The order categorical labels are printed in, so every run's table reads the same."""
