@@ -289,8 +289,7 @@ def check_rejects_foreign_slot(entry: BackendEntry, scenario: Scenario) -> None:
     metadata = inputs.step.metadata
     slots = metadata.slot_mapping.clone()
     token = int((slots != -1).nonzero()[0])
-    own = dp_page_range(scenario.total_pages, scenario.dp_size, scenario.dp_rank)
-    foreign_page = own.stop if own.stop < scenario.total_pages else own.start - 1
+    foreign_page = _foreign_page(scenario, 0)
     slots[token] = foreign_page * scenario.page_size + int(slots[token]) % scenario.page_size
     backend = bound_backend(prop, entry, inputs, prepare=False)
     _expect_value_error(
