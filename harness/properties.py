@@ -371,7 +371,8 @@ def check_stale_block_table_entries_ignored(entry: BackendEntry, scenario: Scena
     picker = torch.Generator().manual_seed(scenario.seed)
     for row, step_row in enumerate(inputs.step.rows):
         in_use = pages_needed(step_row.seq_len, scenario.page_size)
-        stale = [p for p in range(scenario.total_pages) if p not in step_row.pages]
+        used = set(step_row.pages)
+        stale = [p for p in range(scenario.total_pages) if p not in used]
         for column in range(in_use, table.shape[1]) if stale else ():
             table[row, column] = stale[int(torch.randint(len(stale), (1,), generator=picker))]
     stale_step = replace(inputs.step, metadata=replace(metadata, block_table=table))
