@@ -92,7 +92,9 @@ class Comparison:
         if self.nonfinite:
             return (
                 f"{self.nonfinite} non-finite output values; first at token "
-                f"{self.worst_token}, head {self.worst_head}"
+                f"{self.worst_token}, head {self.worst_head} (cache memory outside the "
+                "sequences holds NaN by design: did the kernel read past a sequence's end, "
+                "or multiply a masked-out probability by such a value?)"
             )
         verdict = "within" if self.passed else "EXCEEDS"
         return (

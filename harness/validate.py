@@ -67,7 +67,12 @@ def validate_dp_config(dp_size: object, dp_rank: object) -> None:
 
 @dataclass(frozen=True)
 class CacheGeometry:
-    """What every bound layer shares."""
+    """What every bound layer shares, as ``validate_layer_caches`` found it.
+
+    ``num_pages`` is how many pages the bound tensors hold; they are the
+    global pages ``page_offset .. page_offset + num_pages - 1`` of a pool of
+    ``total_pages`` (``num_pages == total_pages`` for a shared pool).
+    """
 
     num_layers: int
     num_pages: int
@@ -180,7 +185,16 @@ def check_rank_is_bound(geometry: CacheGeometry, dp_size: int, dp_rank: int) -> 
 
 @dataclass(frozen=True)
 class CheckedMetadata:
-    """Host-side lists of a validated step (one read of the device tensors)."""
+    """Host-side lists of a validated step (one read of the device tensors).
+
+    ``query_start`` is ``query_start_loc`` (rows + 1 entries; row ``i``'s
+    query tokens are ``query_start[i]:query_start[i + 1]``); ``seq_lens``
+    holds each row's whole length (0 for a graph-mode padding row);
+    ``pages`` each row's in-use global page ids, ``ceil(seq_len /
+    page_size)`` of them, without the stale entries past them; ``slots``
+    the global slot of every query token (-1: write nothing); ``causal``
+    the metadata's mask flag.
+    """
 
     query_start: list[int]
     seq_lens: list[int]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from harness.contract import LayerCache
-from reference_backends.paged_base import PagedBackendBase, PreparedStep
+from harness.paged_base import PagedBackendBase, PreparedStep
 
 
 class ReferenceBackend(PagedBackendBase):

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 from harness.contract import LayerCache
 from harness.kv_pages import pages_needed
+from harness.paged_base import PagedBackendBase, PreparedStep
 from harness.validate import CacheGeometry, CheckedMetadata
-from reference_backends.paged_base import PagedBackendBase, PreparedStep
 
 
 @dataclass(frozen=True)

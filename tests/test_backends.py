@@ -22,11 +22,11 @@ from harness.batches import BatchBuilder
 from harness.contract import capabilities_of
 from harness.kv_pages import PagePool, make_layer_caches
 from harness.oracle import SequenceKV
+from harness.paged_base import PagedBackendBase
 from harness.properties import bits, changed_slots, run_step
 from harness.registry import BackendEntry, default_registry
 from harness.scenario import Scenario, check_outputs, make_step_inputs, run_scenario
 from reference_backends import ReferenceBackend, SdpaBackend
-from reference_backends.paged_base import PagedBackendBase
 from suites.mutants.backends import (
     AssumesContiguousPages,
     DropsLastToken,

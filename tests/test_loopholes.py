@@ -11,6 +11,7 @@ import torch
 
 from harness import PoolLayout
 from harness.contract import AttentionMetadata, LayerCache
+from harness.paged_base import PreparedStep
 from harness.properties import (
     PropertyFailure,
     check_deterministic,
@@ -21,7 +22,6 @@ from harness.properties import (
 )
 from harness.registry import BackendEntry
 from harness.scenario import Scenario
-from reference_backends.paged_base import PreparedStep
 from reference_backends.reference import ReferenceBackend
 from suites.conformance.conftest import check
 from suites.mutants.backends import (

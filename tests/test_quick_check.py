@@ -64,3 +64,13 @@ def test_unsupported_inside_the_claim_fails_the_case() -> None:
     assert all(r.status == "FAILED" for r in refused)
     assert "raised Unsupported inside its declared capabilities: bf16" in refused[0].detail
     assert all(r.status == "PASSED" for r in results if "bfloat16" not in r.case)
+
+
+def test_nan_from_unused_cache_memory_is_explained() -> None:
+    from suites.mutants.backends import ReadsWholeLastPage
+
+    entry = BackendEntry(name="reads-whole-page", cls=ReadsWholeLastPage, origin="test")
+    failed = [r for r in run_quick_check(entry) if r.status == "FAILED"]
+    nan = [r for r in failed if "non-finite" in r.detail]
+    assert nan, [r.detail for r in failed[:3]]
+    assert "holds NaN by design" in nan[0].detail

@@ -15,7 +15,7 @@ import torch
 from harness.contract import AttentionMetadata, LayerCache
 from harness.errors import Unsupported
 from harness.kv_pages import pages_needed, put_rows
-from reference_backends.paged_base import PreparedStep
+from harness.paged_base import PreparedStep
 from reference_backends.reference import ReferenceBackend
 
 # -- DP partition and ownership ------------------------------------------------------

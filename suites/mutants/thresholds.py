@@ -18,7 +18,7 @@ import torch
 
 from harness.contract import LayerCache
 from harness.kv_pages import dp_page_range
-from reference_backends.paged_base import PreparedStep
+from harness.paged_base import PreparedStep
 from reference_backends.reference import ReferenceBackend
 
 SPLIT_KEYS = 256  # keys per split-KV partition (flash-decoding)

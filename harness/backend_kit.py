@@ -1,0 +1,59 @@
+"""Everything a backend author imports: the paged base class and the contract's checks.
+
+Two ways to write a backend:
+
+- Subclass ``PagedBackendBase`` and implement ``attend(query, cache, step)``
+  (and, optionally, ``plan_step(checked, geometry)`` for per-step data built
+  once in ``prepare``). The base validates the constructor arguments, binds
+  and checks the caches, checks the step's metadata and DP ownership in
+  ``prepare``, writes the new K/V to their slots in ``forward``, and then
+  calls ``attend``. ``step`` is a ``PreparedStep``: ``step.checked`` is the
+  step's ``CheckedMetadata`` (``query_start``, ``seq_lens``, ``pages``,
+  ``slots``, ``causal``), ``step.plan`` what ``plan_step`` returned, and
+  ``self.sequences(cache, step)`` yields each real sequence's query rows
+  with its keys and values gathered as ``[num_kv_heads, seq_len, head_dim]``.
+- Write the three methods yourself and call the same checks the base calls:
+  ``validate_backend_args`` in ``__init__``, ``validate_layer_caches`` and
+  ``check_rank_is_bound`` in ``bind_kv_caches``, ``validate_metadata`` and
+  ``check_rank_ownership`` in ``prepare`` (``read_metadata`` when checks are
+  off), ``validate_forward_inputs`` in ``forward``. Each raises the
+  ``ValueError`` the contract requires, with a message naming the problem.
+
+``take_rows`` / ``put_rows`` read and write flattened cache rows (``page *
+page_size + offset``, local to the bound tensors) on any strided cache view.
+
+Cache memory outside the sequences is unspecified; the conformance suite
+fills it with NaN, so a kernel that reads past a sequence's end returns NaN.
+"""
+
+from __future__ import annotations
+
+from harness.kv_pages import put_rows, take_rows
+from harness.paged_base import PagedBackendBase, PreparedStep
+from harness.validate import (
+    CacheGeometry,
+    CheckedMetadata,
+    check_rank_is_bound,
+    check_rank_ownership,
+    read_metadata,
+    validate_backend_args,
+    validate_forward_inputs,
+    validate_layer_caches,
+    validate_metadata,
+)
+
+__all__ = [
+    "CacheGeometry",
+    "CheckedMetadata",
+    "PagedBackendBase",
+    "PreparedStep",
+    "check_rank_is_bound",
+    "check_rank_ownership",
+    "put_rows",
+    "read_metadata",
+    "take_rows",
+    "validate_backend_args",
+    "validate_forward_inputs",
+    "validate_layer_caches",
+    "validate_metadata",
+]
