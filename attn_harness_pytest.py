@@ -7,8 +7,17 @@ load only when a conformance test asks for a backend.
 
 Tests take the ``backend_entry`` fixture (one parametrization per selected
 backend) and ``conformance_profile``. A failed conformance test gets a
-"replay" section with the one command that reruns it; a backend for which
-no conformance test could check anything makes the run fail.
+"replay" section with the one command that reruns exactly that example
+(``--replay TEST@VERSION:BLOB``, fed to hypothesis's ``reproduce_failure``);
+a backend for which no conformance test could check anything makes the run
+fail. The run ends with a verdict table (backend x property) and one entry
+per failure; ``--conformance-output compact`` (what ``attn-harness conform``
+uses) shows only that, with a live line on a terminal.
+
+Whatever runs the plugin, hypothesis keeps its files under the harness's
+cache folder (``$ATTN_HARNESS_CACHE`` or ``~/.cache/attn-harness``), not in a
+``.hypothesis/`` folder in the current directory, unless
+``HYPOTHESIS_STORAGE_DIRECTORY`` says otherwise.
 
 Coverage: the suite records every checked example (``record_examples``);
 the run ends with a per-backend table of what was exercised, writes it as
@@ -18,9 +27,11 @@ profile that promises coverage and a claimed value was never checked.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pkgutil
+import shlex
 import sys
 import tempfile
 from dataclasses import replace
@@ -41,6 +52,10 @@ _STATE: dict[str, Any] = {
     "current_test": None,
     "modules": {},
     "deselected": False,
+    "verdicts": None,
+    "replay": None,
+    "reporter": None,
+    "cli": False,
 }
 
 
@@ -93,6 +108,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "so far (default: hypothesis's, 300 s); lower it for a slow backend",
     )
     group.addoption(
+        "--replay",
+        default=None,
+        metavar="TEST@VERSION:BLOB",
+        help="rerun exactly one failing example, as a failure report prints it (or TEST "
+        "alone: rerun that one test); every other test is deselected",
+    )
+    group.addoption(
+        "--conformance-output",
+        choices=("pytest", "compact"),
+        default="pytest",
+        help="pytest: pytest's report, then the verdict table (default); compact: only a "
+        "header, a live line on a terminal, the verdict table and one entry per failure",
+    )
+    group.addoption(
+        "--conformance-cli",
+        action="store_true",
+        help=argparse.SUPPRESS,  # set by `attn-harness conform`: replays name that command
+    )
+    group.addoption(
         "--coverage-json",
         default=None,
         metavar="PATH",
@@ -101,6 +135,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's terminal reporter has registered itself
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "conformance: a conformance property of a backend")
     _STATE["profile"] = config.getoption("conformance_profile")
@@ -117,9 +152,60 @@ def pytest_configure(config: pytest.Config) -> None:
     _STATE["coverage"] = None
     _STATE["modules"] = {}
     _STATE["deselected"] = False
+    _STATE["cli"] = config.getoption("conformance_cli")
+    _STATE["replay"] = _parse_replay(config.getoption("replay"))
     specs = config.getoption("backend")
     if specs:  # resolve now, so an unloadable spec is a usage error before collection
         _STATE["entries"] = _resolve(specs)
+    from harness.conform_report import Verdicts
+
+    _STATE["verdicts"] = Verdicts()
+    _STATE["reporter"] = None
+    if config.getoption("conformance_output") == "compact":
+        _install_compact_reporter(config)
+
+
+def _install_compact_reporter(config: pytest.Config) -> None:
+    """Put the compact reporter in the place of pytest's terminal output."""
+    from harness.conform_report import CompactReporter
+
+    standard = config.pluginmanager.getplugin("terminalreporter")
+    if standard is not None:
+        config.pluginmanager.unregister(standard)
+    reporter = CompactReporter(config, _compact_summary)
+    config.pluginmanager.register(reporter, "attn-harness-compact-reporter")
+    _STATE["reporter"] = reporter
+
+
+def _parse_replay(value: str | None) -> tuple[str, str | None, bytes | None] | None:
+    if not value:
+        return None
+    if "@" not in value:
+        return value, None, None
+    from harness.conform_report import parse_replay
+
+    try:
+        return parse_replay(value)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from exc
+
+
+def cache_root() -> Path:
+    """Outside any repository: ``$ATTN_HARNESS_CACHE`` or ``~/.cache/attn-harness``."""
+    return Path(os.environ.get("ATTN_HARNESS_CACHE") or Path.home() / ".cache" / "attn-harness")
+
+
+def keep_hypothesis_files_out_of_the_working_directory() -> None:
+    """Hypothesis caches files in ``./.hypothesis`` by default; keep them in our cache.
+
+    Called by the conformance suite's conftest, before its tests are defined,
+    so a project that merely has the plugin installed keeps its own folder.
+    """
+    if os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        return
+    from hypothesis import configuration
+
+    configuration.set_hypothesis_home_dir(str(cache_root() / "hypothesis-home"))
 
 
 def _limit_shrinking(seconds: float) -> None:
@@ -203,12 +289,16 @@ def record_examples(backend: str, scenarios: list[Any], *, example: bool = True)
     """
     if _STATE["current_test"] is not None:
         coverage_log().record(backend, _STATE["current_test"], scenarios, example=example)
+        if example and _STATE["reporter"] is not None:
+            _STATE["reporter"].example_held()
 
 
 def record_run(backend: str, run: Any) -> None:
     """Count one finished run of the stateful machine."""
     if _STATE["current_test"] is not None:
         coverage_log().record_stateful(backend, _STATE["current_test"], run)
+        if _STATE["reporter"] is not None:
+            _STATE["reporter"].example_held()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -220,6 +310,63 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_deselected(items: list[pytest.Item]) -> None:
     if items:
         _STATE["deselected"] = True
+
+
+def _is_conformance(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and "backend_entry" in callspec.params
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    replay = _STATE["replay"]
+    if replay is None:
+        return
+    test = replay[0]
+    kept = [item for item in items if item.name == test]
+    if not kept:
+        names = sorted(item.name for item in items if _is_conformance(item))[:5]
+        raise pytest.UsageError(
+            f"--replay: no conformance test named {test!r} among the selected backends "
+            f"(for example: {', '.join(names) or 'none collected'})"
+        )
+    config.hook.pytest_deselected(items=[item for item in items if item.name != test])
+    items[:] = kept
+
+
+def current_replay() -> tuple[str, bytes] | None:
+    """``(hypothesis version, blob)`` of the example ``--replay`` asks for, if any."""
+    replay = _STATE["replay"]
+    if replay is None or replay[2] is None:
+        return None
+    return replay[1], replay[2]
+
+
+def replayable(test: Any) -> Any:
+    """``test`` (a hypothesis test or state machine) set to run only the replayed example.
+
+    Tests that build their ``@given`` function at run time wrap it with this;
+    top-level ``@given`` tests get the same from ``pytest_runtest_call``.
+    """
+    replay = current_replay()
+    if replay is None:
+        return test
+    from hypothesis import reproduce_failure
+
+    return reproduce_failure(replay[0], replay[1])(test)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    test = getattr(item, "obj", None)
+    attribute = "_hypothesis_internal_use_reproduce_failure"
+    if current_replay() is None or not hasattr(test, "hypothesis"):
+        yield
+        return
+    replayable(test)
+    try:
+        yield
+    finally:  # the function object outlives this run (an in-process caller may run again)
+        setattr(test, attribute, None)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -239,7 +386,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = outcome.get_result()
     callspec = getattr(item, "callspec", None)
     entry = callspec.params.get("backend_entry") if callspec is not None else None
-    if entry is None or not (report.when == "call" or (report.when == "setup" and report.skipped)):
+    counted = report.when == "call" or (report.when == "setup" and not report.passed)
+    if entry is None or not counted:
         return
     item.user_properties.append(("backend", entry.name))  # kept in --junitxml
     module = getattr(item, "module", None)
@@ -247,20 +395,46 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         _STATE["modules"].setdefault(entry.name, set()).add(module.__name__)
     counts = _STATE["checked"].setdefault(entry.name, {"passed": 0, "failed": 0, "skipped": 0})
     counts[report.outcome] = counts.get(report.outcome, 0) + 1
+    function = getattr(item, "originalname", item.name)
+    _STATE["verdicts"].record(entry.name, function, report.outcome)
     if report.failed:
-        name = getattr(item, "originalname", item.name)
-        module_obj = getattr(item, "module", None)
-        module = module_obj.__name__ if module_obj is not None else "suites.conformance"
-        # other parameters (a production regime) narrow the replay to this one test
-        params = callspec.params if callspec is not None else {}
-        others = [str(v) for k, v in params.items() if k != "backend_entry"]
-        selector = " and ".join([name, *others])
-        command = (
-            f"{sys.executable} -m pytest --pyargs {module} -p attn_harness_pytest "
-            f"--backend '{entry.name}' --conformance-profile {_STATE['profile']} "
-            f"-k '{selector}'"
+        failure = _failure(item, entry.name, call.excinfo)
+        _STATE["verdicts"].failures.append(failure)
+        report.sections.append(
+            ("replay", f"backend {entry.name!r}, property {function}:\n  {failure.replay}")
         )
-        report.sections.append(("replay", f"backend {entry.name!r}, property {name}:\n  {command}"))
+
+
+def _failure(item: pytest.Item, backend: str, excinfo: Any) -> Any:
+    """The failure as its entry in the summary: detail, scenario, replay command."""
+    from harness.conform_report import Failure, failure_text, replay_token, reproduce_blob
+
+    exc = excinfo.value if excinfo is not None else None
+    detail, scenario = failure_text(exc) if exc is not None else ("error in setup", "")
+    blob = reproduce_blob(exc) if exc is not None else None
+    token = replay_token(item.name, *blob) if blob else item.name
+    if blob is None and _STATE["replay"] is not None:  # a replay does not print its blob again
+        token = config_replay if (config_replay := item.config.getoption("replay")) else token
+    return Failure(backend, item.name, detail, scenario, _replay_command(backend, token))
+
+
+def _replay_command(backend: str, token: str) -> str:
+    """The one command that reruns ``token``'s example, with the Python that ran this one."""
+    profile = _STATE["profile"]
+    device = [] if _STATE["device"] == "cpu" else ["--device", _STATE["device"]]
+    if _STATE["cli"]:
+        launcher = (
+            ["attn-harness"]
+            if Path(sys.argv[0]).name == "attn-harness"
+            else [sys.executable, "-m", "harness"]
+        )
+        args = [*launcher, "conform", "--backend", backend, "--profile", profile, *device]
+    else:
+        args = [sys.executable, "-m", "pytest", "--pyargs", "suites.conformance"]
+        args += ["-p", "attn_harness_pytest", "--backend", backend]
+        args += ["--conformance-profile", profile]
+        args += ["--conformance-device", _STATE["device"]] if device else []
+    return shlex.join([*args, "--replay", token])
 
 
 def _requirements(entry: Any) -> list[Any]:
@@ -328,44 +502,100 @@ def _coverage_json_path(config: pytest.Config) -> Path | None:
     return Path(junit).with_suffix(".coverage.json") if junit else None
 
 
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+def _coverage_lines(full: bool) -> list[str]:
+    """The coverage table of each backend (``full``), or one line each."""
     log = _STATE["coverage"]
-    if log is not None:
-        entries = {e.name: e for e in selected_entries()}
-        for name in sorted(log.backends):
-            wanted = _requirements(entries[name]) if name in entries else []
-            enforced = name in entries and _whole_suite_ran(name)
-            terminalreporter.write_line("")
-            for line in log.table(name, wanted if enforced else []):
-                terminalreporter.write_line(f"attn-harness {line}" if line[0] != " " else line)
+    if log is None:
+        return []
+    entries = {e.name: e for e in selected_entries()}
+    lines = []
+    for name in sorted(log.backends):
+        wanted = _requirements(entries[name]) if name in entries and _whole_suite_ran(name) else []
+        table = log.table(name, wanted)
+        if full:
+            lines += [""] + [f"attn-harness {line}" if line[0] != " " else line for line in table]
+            continue
+        gaps = log.backends[name].missing(wanted)
+        promise = (
+            "every value it claims and the profile promises was checked"
+            if wanted and not gaps
+            else "not held to the profile's promise (part of the suite ran)"
+            if not wanted
+            else f"{len(gaps)} promised value(s) never checked (below)"
+        )
+        lines.append(f"attn-harness {table[0].split(' (')[0]}; {promise}")
     examples = _STATE["examples"]
-    if log is not None and examples is not None:
-        default = get_default_examples()
-        if examples < default:
-            terminalreporter.write_line(
-                f"attn-harness: --examples {examples}, fewer than the {_STATE['profile']} "
-                f"profile's {default}: coverage is reported above, not required"
-            )
+    if examples is not None and examples < get_default_examples():
+        lines.append(
+            f"attn-harness: --examples {examples}, fewer than the {_STATE['profile']} "
+            f"profile's {get_default_examples()}: coverage is reported, not required"
+        )
+    return lines
+
+
+def _problem_lines() -> list[str]:
+    """Why a run whose tests passed still fails: coverage gaps, nothing checked."""
+    lines = []
     for name, gaps in sorted(_coverage_gaps().items()):
         if gaps:
-            terminalreporter.write_line(
+            lines.append(
                 f"attn-harness: backend {name!r} passed nothing for "
                 + "; ".join(f"{g.dimension} {g.wanted}" for g in gaps)
                 + ": the profile promises these inside its claim. Declare what the backend "
-                "cannot do in capabilities(), or see which draws it refused.",
-                red=True,
+                "cannot do in capabilities(), or see which draws it refused."
             )
     for name, counts in sorted(_STATE["checked"].items()):
         if counts.get("passed", 0) == 0 and counts.get("failed", 0) == 0:
-            terminalreporter.write_line(
+            lines.append(
                 f"attn-harness: nothing could be checked for backend {name!r}: every "
-                "conformance test was skipped (outside its declared capabilities)",
-                red=True,
+                "conformance test was skipped (outside its declared capabilities)"
             )
+    return lines
+
+
+def _verdict_lines() -> list[str]:
+    """The verdict table (backend x property) and one entry per failure."""
+    from harness.conform_report import failure_lines, render_table, verdict_rows
+
+    verdicts = _STATE["verdicts"]
+    if verdicts is None or not verdicts.outcomes:
+        return []
+    examples = {name: cover.examples for name, cover in coverage_log().backends.items()}
+    lines = ["", *render_table(verdict_rows(verdicts, examples))]
+    if verdicts.failures:
+        lines.append("")
+    for failure in verdicts.failures:
+        lines += failure_lines(failure)
+    return lines
+
+
+def _compact_summary(seconds: float) -> list[str]:
+    """What ``attn-harness conform`` prints at the end (``--conformance-output compact``)."""
+    from harness.conform_report import closing_line
+
+    problems = _problem_lines()
+    full = "coverage table: attn-harness conform -v, or --coverage-json FILE"
+    coverage = _coverage_lines(full=False)
+    if coverage:
+        coverage[0] += f"\n  ({full})"
+    lines = [*_verdict_lines(), "", *coverage, *problems]
+    reasons = [p.split(":")[1].strip() for p in problems]
+    return [*lines, closing_line(_STATE["verdicts"], seconds, reasons)]
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    for line in _coverage_lines(full=True):
+        terminalreporter.write_line(line)
+    for line in _problem_lines():
+        terminalreporter.write_line(line, red=True)
+    for line in _verdict_lines():
+        terminalreporter.write_line(line, red=line.startswith("FAILED"))
 
 
 @pytest.hookimpl(tryfirst=True)  # before the JUnit writer saves its file
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if exitstatus == pytest.ExitCode.INTERRUPTED:
+        return  # a run cut short writes no coverage file and changes no verdict
     _save_coverage(session.config)
     if any(_coverage_gaps().values()) and session.exitstatus == 0:
         session.exitstatus = 1

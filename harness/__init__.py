@@ -1,35 +1,82 @@
 """attn-harness: conformance and benchmarks for DP-partitioned paged attention backends.
 
 The names below are the public API; everything else is
-reachable through its module.
+reachable through its module. They load on first use (PEP 562), so
+importing ``harness`` (as the ``attn-harness`` command does before parsing
+its arguments) does not import torch.
 """
 
 from __future__ import annotations
 
-from harness.contract import AttentionBackend, AttentionMetadata, Capabilities, LayerCache
-from harness.errors import (
-    BackendLoadError,
-    CacheBindingError,
-    ForeignPageError,
-    MetadataError,
-    OutOfPages,
-    Unsupported,
-)
-from harness.kv_pages import PagePool, PoolLayout, dp_page_range, make_layer_caches
-from harness.registry import (
-    DPBackendConfig,
-    create_attention_backend,
-    get_backend,
-    list_backends,
-    load_backend_spec,
-    register_backend,
-)
-from harness.validate import (
-    check_rank_ownership,
-    validate_backend_args,
-    validate_layer_caches,
-    validate_metadata,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness.contract import AttentionBackend, AttentionMetadata, Capabilities, LayerCache
+    from harness.errors import (
+        BackendLoadError,
+        CacheBindingError,
+        ForeignPageError,
+        MetadataError,
+        OutOfPages,
+        Unsupported,
+    )
+    from harness.kv_pages import PagePool, PoolLayout, dp_page_range, make_layer_caches
+    from harness.registry import (
+        DPBackendConfig,
+        create_attention_backend,
+        get_backend,
+        list_backends,
+        load_backend_spec,
+        register_backend,
+    )
+    from harness.validate import (
+        check_rank_ownership,
+        validate_backend_args,
+        validate_layer_caches,
+        validate_metadata,
+    )
+
+_PUBLIC = {
+    "AttentionBackend": "harness.contract",
+    "AttentionMetadata": "harness.contract",
+    "Capabilities": "harness.contract",
+    "LayerCache": "harness.contract",
+    "BackendLoadError": "harness.errors",
+    "CacheBindingError": "harness.errors",
+    "ForeignPageError": "harness.errors",
+    "MetadataError": "harness.errors",
+    "OutOfPages": "harness.errors",
+    "Unsupported": "harness.errors",
+    "PagePool": "harness.kv_pages",
+    "PoolLayout": "harness.kv_pages",
+    "dp_page_range": "harness.kv_pages",
+    "make_layer_caches": "harness.kv_pages",
+    "DPBackendConfig": "harness.registry",
+    "create_attention_backend": "harness.registry",
+    "get_backend": "harness.registry",
+    "list_backends": "harness.registry",
+    "load_backend_spec": "harness.registry",
+    "register_backend": "harness.registry",
+    "check_rank_ownership": "harness.validate",
+    "validate_backend_args": "harness.validate",
+    "validate_layer_caches": "harness.validate",
+    "validate_metadata": "harness.validate",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'harness' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_PUBLIC])
+
 
 __version__ = "0.1.0"
 

@@ -1,4 +1,8 @@
-"""The ``attn-harness`` command line: argument parsing only, composing library modules."""
+"""The ``attn-harness`` command line: argument parsing only, composing library modules.
+
+Library modules (and torch) are imported inside each command, so ``--help``
+and usage errors answer at once.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +11,14 @@ import contextlib
 import json
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from harness.bench_cli import add_bench_command
-from harness.conform import run_conformance
-from harness.contract import Capabilities
-from harness.errors import BackendLoadError
-from harness.quick_check import dtype_name, quick_coverage, run_quick_check
-from harness.registry import BackendEntry, default_registry
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+if TYPE_CHECKING:
+    from harness.registry import BackendEntry
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def _any(value: object) -> str:
@@ -35,7 +38,9 @@ def _cell(value: object) -> str:
 
 
 def _describe(entry: BackendEntry) -> dict[str, object]:
-    caps: Capabilities = entry.capabilities
+    from harness.quick_check import dtype_name
+
+    caps = entry.capabilities
     return {
         "name": entry.name,
         "origin": entry.origin,
@@ -63,13 +68,19 @@ def _table(rows: list[list[str]]) -> str:
 
 
 def _resolve_all(specs: Sequence[str]) -> list[BackendEntry]:
+    """The entries for ``specs`` (all registered when none); a module's prints go to stderr."""
+    from harness.registry import default_registry
+
     registry = default_registry()
-    return [registry.resolve(s) for s in specs] if specs else registry.entries()
+    with contextlib.redirect_stdout(sys.stderr):  # keeps `list --json` parseable
+        return [registry.resolve(s) for s in specs] if specs else registry.entries()
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     entries = _resolve_all(args.backend)
     described = [_describe(e) for e in entries]
+    from harness.registry import default_registry
+
     errors = default_registry().load_errors
     if args.json:
         print(json.dumps({"backends": described, "load_errors": errors}, indent=2))
@@ -108,6 +119,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from harness.quick_check import quick_coverage, run_quick_check
+
     entries = _resolve_all(args.backend)
     rows = [["backend", "passed", "failed", "errors", "unsupported", "first failure"]]
     covered: list[str] = []
@@ -146,8 +159,19 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_conform(args: argparse.Namespace) -> int:
+    from harness.conform import run_conformance
+
     extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
-    return run_conformance(args.backend, args.profile, args.junitxml, extra, device=args.device)
+    return run_conformance(
+        args.backend,
+        args.profile,
+        args.junitxml,
+        extra,
+        device=args.device,
+        verbose=args.verbose,
+        replay=args.replay,
+        user_plugins=args.user_plugins,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -176,9 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_conform = sub.add_parser(
         "conform",
         help="property-based conformance suite (pytest + hypothesis) against backends",
-        description="Run suites.conformance against each backend; exit 0 when every property "
-        "holds, 1 when any fails or nothing could be checked, 2 for a usage error. "
-        "Arguments after -- go to pytest.",
+        description="Run suites.conformance against each backend and print a verdict table "
+        "(backend x property) with one entry per failure: the shrunk example in words, the "
+        "error against the bound, and the command that replays it. pytest runs isolated from "
+        "the current folder's pytest configuration and plugins. Exit 0 when every property "
+        "holds, 1 when any fails or nothing could be checked, 2 for a usage error, 130 when "
+        "interrupted. Arguments after -- go to pytest (for example -- -k oracle --examples 20).",
     )
     p_conform.add_argument("--backend", action="append", default=[], metavar="SPEC", help=spec_help)
     p_conform.add_argument(
@@ -190,7 +217,29 @@ def build_parser() -> argparse.ArgumentParser:
     p_conform.add_argument(
         "--device", default="cpu", metavar="cpu|cuda", help="device the cases run on (default: cpu)"
     )
-    p_conform.add_argument("--junitxml", metavar="FILE", help="also write a JUnit XML report")
+    p_conform.add_argument(
+        "--junitxml",
+        metavar="FILE",
+        help="also write a JUnit XML report (and FILE's name with .coverage.json: the coverage "
+        "tally); written only when the run finishes",
+    )
+    p_conform.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="pytest's full report (each test, tracebacks, coverage tables) before the verdict",
+    )
+    p_conform.add_argument(
+        "--replay",
+        metavar="TEST@VERSION:BLOB",
+        help="rerun exactly one failing example, as printed after 'replay:' in a failure entry",
+    )
+    p_conform.add_argument(
+        "--user-plugins",
+        action="store_true",
+        help="also load the pytest plugins installed in this environment and PYTEST_ADDOPTS "
+        "(off by default: the suite runs the same wherever it is started)",
+    )
     p_conform.add_argument("pytest_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     p_conform.set_defaults(func=cmd_conform)
     add_bench_command(sub)
@@ -200,12 +249,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from harness.errors import BackendLoadError
+
     try:
         return int(args.func(args))
     except (BackendLoadError, KeyError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
         print(f"attn-harness: error: {message}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("attn-harness: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from attn_harness_pytest import PROFILES as PROFILE_NAMES
+from attn_harness_pytest import cache_root
 from harness.strategies import CI_BUDGET, THOROUGH_BUDGET, Budget
 
 _SLOW_CHECKS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
@@ -52,9 +52,8 @@ class Profile:
 
 
 def example_database_dir() -> Path:
-    """Outside any repository: ``$ATTN_HARNESS_CACHE`` or ``~/.cache/attn-harness``."""
-    root = os.environ.get("ATTN_HARNESS_CACHE") or Path.home() / ".cache" / "attn-harness"
-    return Path(root) / "hypothesis"
+    """Where the ``thorough`` profile keeps failing examples (under ``cache_root()``)."""
+    return cache_root() / "hypothesis"
 
 
 def get_profile(name: str) -> Profile:

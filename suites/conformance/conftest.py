@@ -11,7 +11,12 @@ from typing import Any
 import pytest
 from hypothesis import strategies as st
 
-from attn_harness_pytest import current_device, current_profile, record_examples
+from attn_harness_pytest import (
+    current_device,
+    current_profile,
+    keep_hypothesis_files_out_of_the_working_directory,
+    record_examples,
+)
 from harness.coverage import claim_summary
 from harness.deadlines import CaseTimeout, deadline
 from harness.errors import Unsupported
@@ -34,6 +39,7 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError("--conformance-device cuda: no CUDA device is available")
 
 
+keep_hypothesis_files_out_of_the_working_directory()
 PROFILE = current_profile()
 """The ``--conformance-profile``: its settings decorate every test, its budget sizes draws."""
 DEVICE = current_device()

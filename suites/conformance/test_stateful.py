@@ -7,7 +7,7 @@ coverage table.
 
 from hypothesis import settings
 
-from attn_harness_pytest import record_examples, record_run
+from attn_harness_pytest import record_examples, record_run, replayable
 from harness.stateful import conformance_machine, run_machine
 from suites.conformance.conftest import DEVICE, PROFILE
 
@@ -21,7 +21,7 @@ def test_stateful_steps(backend_entry) -> None:
         on_run=lambda run: record_run(backend_entry.name, run),
     )
     run_machine(
-        machine,
+        replayable(machine),
         settings(
             PROFILE.settings,
             max_examples=PROFILE.stateful_examples,
