@@ -1,6 +1,7 @@
 """``attn-harness conform``: the conformance suite through pytest, isolated, with its own report.
 
-The suite is ``suites.conformance`` run by pytest with this project's plugin.
+The suite is ``suites.conformance`` (as a path: the package's folder) run
+by pytest with this project's plugin.
 The run is isolated from the caller's pytest set-up: no ``pytest.ini`` /
 ``pyproject.toml`` / ``conftest.py`` of the current folder, no
 ``PYTEST_ADDOPTS``, no plugins installed for other projects (unless
@@ -57,8 +58,7 @@ def pytest_arguments(
     args = [
         "-W",
         "ignore::pytest.PytestAssertRewriteWarning",
-        "--pyargs",
-        "suites.conformance",
+        str(root / "suites" / "conformance"),  # a path, so no conftest.py of the cwd loads
         "-c",
         os.devnull,  # no configuration file of the caller's
         "--rootdir",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -12,7 +14,14 @@ import pytest
 import torch
 
 from harness.cli import main
-from harness.conform import EXIT_FAILED, EXIT_OK, EXIT_USAGE, pytest_arguments
+from harness.conform import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    pytest_arguments,
+    wants_pytest_output,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = "tests/fixtures/conform_backends.py"
@@ -50,37 +59,150 @@ def run_pytest(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_builtin_passes_every_property():
-    result = conform("--backend", "sdpa", "--profile", "kill", "--", "-q")
+    result = conform("--backend", "sdpa", "--profile", "kill")
     assert result.returncode == EXIT_OK, result.stdout[-3000:]
-    assert " passed" in result.stdout
-    assert "failed" not in result.stdout
-
-
-def test_failing_backend_exits_1_with_scenario_and_replay():
-    result = conform(
-        "--backend", f"{FIXTURES}:OffByOneScale", "--", "-q", "-k", "test_outputs_match_oracle"
-    )
-    assert result.returncode == EXIT_FAILED
     out = result.stdout
-    assert "outputs match the oracle violated by backend" in out
-    assert "scenario: dp " in out  # the shrunk example, in words
-    assert "EXCEEDS bound" in out
-    assert "replay" in out
-    assert f"--backend '{FIXTURES}:OffByOneScale'" in out
+    assert out.startswith("attn-harness conform: sdpa · 18 properties")
+    assert "PASSED: every property held for sdpa" in out.splitlines()[-1]
+    table = out[out.index("property ") :]
+    assert "test_outputs_match_oracle" in table
+    assert "passed (" in table
+    assert "FAILED" not in out
+    assert "site-packages" not in out
+    assert "[  " not in out
 
 
-def test_constructor_raising_is_a_reported_failure_not_a_traceback_only():
+def test_failing_backend_exits_1_with_scenario_error_and_a_replay_that_reruns_it():
     result = conform(
         "--backend",
-        f"{FIXTURES}:ConstructorRaises",
+        f"{FIXTURES}:OffByOneScale",
         "--",
-        "-q",
         "-k",
         "test_outputs_match_oracle and float32",
     )
     assert result.returncode == EXIT_FAILED
-    assert "RuntimeError: cannot build" in result.stdout
-    assert "1 failed" in result.stdout
+    out = result.stdout
+    entry = next(line for line in out.splitlines() if line.startswith("FAILED "))
+    assert f"FAILED {FIXTURES}:OffByOneScale · test_outputs_match_oracle[float32]: " in entry
+    assert "EXCEEDS bound" in entry  # the error against the bound
+    assert "scenario: dp " in out  # the shrunk example, in words
+    assert "Traceback" not in out
+    assert "reproduce_failure" not in out
+    assert "def " not in out  # no harness source lines
+    assert len(out.splitlines()) < 25
+    replay = next(line for line in out.splitlines() if "replay:" in line)
+    command = shlex.split(replay.split("replay:", 1)[1])
+    assert command[:3] == [sys.executable, "-m", "harness"]
+    assert "@" in command[command.index("--replay") + 1]
+    again = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert again.returncode == EXIT_FAILED
+    assert "1 test" in again.stdout.splitlines()[0]  # exactly the failing test
+    assert entry in again.stdout  # the same example fails the same way
+
+
+def test_replay_that_no_longer_fails_says_so():
+    failing = conform("--backend", f"{FIXTURES}:OffByOneScale", "--", "-k", "oracle and float32")
+    replay = next(line for line in failing.stdout.splitlines() if "replay:" in line)
+    token = shlex.split(replay.split("replay:", 1)[1])[-1]
+    fixed = token.replace(f"{FIXTURES}:OffByOneScale", "reference")
+    result = conform("--backend", "reference", "--replay", fixed)
+    assert result.returncode == EXIT_FAILED
+    assert "DidNotReproduce" in result.stdout
+
+
+def test_bad_replay_values_are_usage_errors():
+    result = conform("--backend", "reference", "--replay", "test_nope[reference]")
+    assert result.returncode == EXIT_USAGE
+    assert "no conformance test named 'test_nope[reference]'" in result.stderr
+    assert "PASSED" not in result.stdout
+    result = conform("--backend", "reference", "--replay", "test_x@6.1:")
+    assert result.returncode == EXIT_USAGE
+    assert "--replay expects TEST@VERSION:BLOB" in result.stderr
+
+
+def test_constructor_raising_is_one_clear_line():
+    result = conform("--backend", f"{FIXTURES}:ConstructorRaises")
+    assert result.returncode == EXIT_FAILED
+    assert "cannot be built with valid arguments" in result.stderr
+    assert "RuntimeError: cannot build" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_pytest_output_on_request():
+    result = conform(
+        "--backend", "reference", "-v", "--", "-k", "test_second_run", "--examples", "3"
+    )
+    assert result.returncode == EXIT_OK, result.stdout[-3000:]
+    assert "PASSED" in result.stdout  # pytest's own per-test lines
+    assert "coverage of 'reference'" in result.stdout
+    assert "dtype " in result.stdout  # the full coverage table
+    assert "test_second_run_is_bit_identical  passed (3 ex)" in result.stdout
+
+
+def test_isolated_from_the_callers_pytest_setup(tmp_path):
+    """A project's addopts, conftest.py, PYTEST_ADDOPTS and cwd do not reach the suite."""
+    (tmp_path / "pyproject.toml").write_text('[tool.pytest.ini_options]\naddopts = "--cov=x"\n')
+    (tmp_path / "conftest.py").write_text("raise RuntimeError('the caller conftest ran')\n")
+    env = {**os.environ, "PYTEST_ADDOPTS": "--no-such-option", "PYTHONPATH": str(ROOT)}
+    env.pop("HYPOTHESIS_STORAGE_DIRECTORY", None)
+    env["ATTN_HARNESS_CACHE"] = str(tmp_path / "cache")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "conform",
+            "--backend",
+            "reference",
+            "--",
+            "-k",
+            "test_second_run",
+            "--examples",
+            "2",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == EXIT_OK, result.stdout[-2000:] + result.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "conftest.py", "pyproject.toml"]
+
+
+def test_unknown_pytest_option_is_one_line_exit_2():
+    result = conform("--backend", "reference", "--", "--no-such-option")
+    assert result.returncode == EXIT_USAGE
+    assert result.stderr.strip().splitlines() == [
+        "attn-harness conform: error: unrecognized arguments: --no-such-option "
+        "(arguments after -- go to pytest)"
+    ]
+
+
+def test_interrupted_run_exits_130_and_writes_no_report(tmp_path):
+    junit = tmp_path / "out" / "conform.xml"
+    junit.parent.mkdir()
+    result = conform(
+        "--backend",
+        f"{FIXTURES}:InterruptedMidRun",
+        "--junitxml",
+        str(junit),
+        "--",
+        "-k",
+        "test_second_run",
+    )
+    assert result.returncode == EXIT_INTERRUPTED, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "interrupted" in result.stdout
+    assert list(junit.parent.iterdir()) == []
+
+
+def test_a_backend_printing_to_stdout_does_not_break_the_report():
+    result = conform("--backend", f"{FIXTURES}:PrintsToStdout", "--profile", "kill", "--")
+    assert result.returncode == EXIT_OK, result.stdout[-2000:]
+    assert "preparing a step" not in result.stdout
 
 
 def test_nothing_checkable_on_this_device_fails_and_says_so():
@@ -155,7 +277,7 @@ def test_usage_errors_exit_2_before_running(capsys, args, message):
 
 
 def test_pytest_directly_with_the_plugin():
-    """`pytest --pyargs suites.conformance --backend SPEC` runs the same suite."""
+    """`pytest --pyargs suites.conformance --backend SPEC` runs the same suite, same verdicts."""
     result = run_pytest(
         "-q",
         "--backend",
@@ -165,6 +287,11 @@ def test_pytest_directly_with_the_plugin():
     )
     assert result.returncode == 1
     assert "1 failed, 1 passed" in result.stdout
+    assert "test_second_run_is_bit_identical  passed (" in result.stdout  # the verdict table
+    assert f"FAILED {FIXTURES}:OffByOneScale · test_outputs_match_oracle[float32]" in result.stdout
+    replay = next(line for line in result.stdout.splitlines() if "replay:" in line)
+    assert "-m pytest --pyargs suites.conformance" in replay
+    assert "--replay" in replay
 
 
 def test_pytest_usage_error_for_a_bad_spec():
@@ -201,7 +328,18 @@ def test_pytest_arguments():
     assert args[args.index("--conformance-profile") + 1] == "thorough"
     assert args.count("--backend") == 2
     assert "--junitxml" in args
+    assert args[args.index("-c") + 1] == os.devnull  # no caller configuration file
+    assert args[args.index("--conformance-output") + 1] == "compact"
+    assert "_hypothesis_pytestplugin" in args  # autoloading is off: hypothesis's own, by name
     assert args[-1] == "-x"
+
+
+@pytest.mark.parametrize(
+    ("extra", "wanted"),
+    [([], False), (["-q", "-x"], False), (["-v"], True), (["--tb=long"], True), (["-vv"], True)],
+)
+def test_pytest_report_when_pytest_arguments_ask_for_it(extra, wanted):
+    assert wants_pytest_output(extra) is wanted
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
@@ -242,4 +380,5 @@ def test_replay_of_a_production_failure_names_its_regime():
         "test_production_shapes_match_oracle and many-sequences",
     )
     assert result.returncode == EXIT_FAILED, result.stdout[-3000:]
-    assert "-k 'test_production_shapes_match_oracle and many-sequences'" in result.stdout
+    assert "test_production_shapes_match_oracle[many-sequences]: " in result.stdout
+    assert "many-sequences]@" in result.stdout  # the replay names the regime
