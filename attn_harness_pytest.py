@@ -135,15 +135,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def _read_profile_options(options: Any) -> None:
+    """What the suite's modules read when they are imported: profile, device, budgets."""
+    _STATE["profile"] = options.conformance_profile
+    _STATE["device"] = options.conformance_device
+    _STATE["time_limit"] = options.example_time_limit
+    _STATE["examples"] = options.examples
+    if _STATE["examples"] is not None and _STATE["examples"] < 1:
+        raise pytest.UsageError(f"--examples must be >= 1, got {_STATE['examples']}")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """Given the suite's folder, pytest imports its conftest before ``pytest_configure``."""
+    _read_profile_options(early_config.known_args_namespace)
+
+
 @pytest.hookimpl(trylast=True)  # after pytest's terminal reporter has registered itself
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "conformance: a conformance property of a backend")
-    _STATE["profile"] = config.getoption("conformance_profile")
-    _STATE["device"] = config.getoption("conformance_device")
-    _STATE["time_limit"] = config.getoption("example_time_limit")
-    _STATE["examples"] = config.getoption("examples")
-    if _STATE["examples"] is not None and _STATE["examples"] < 1:
-        raise pytest.UsageError(f"--examples must be >= 1, got {_STATE['examples']}")
+    _read_profile_options(config.option)
     shrink = config.getoption("shrink_time_limit")
     if shrink is not None:
         _limit_shrinking(shrink)
