@@ -314,7 +314,8 @@ class CoverageLog:
         steps = sum(totals["dtype"].values())  # one count per rank's step, in every dimension
         lines = [
             f"coverage of {backend!r}: {sum(cover.examples.values())} examples held in "
-            f"{len(cover.examples)} test functions, {steps} rank-steps (counted below)"
+            f"{len(cover.examples)} test function{'s' if len(cover.examples) != 1 else ''}, "
+            f"{steps} rank-steps (counted below)"
         ]
         for dimension in DIMENSIONS:
             counts = totals[dimension]

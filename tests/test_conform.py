@@ -241,7 +241,7 @@ def test_examples_option_and_the_coverage_json_next_to_the_junit_report(tmp_path
         "test_outputs_match_oracle",
     )
     assert result.returncode == EXIT_OK, result.stdout[-3000:]
-    header = "coverage of 'reference': 6 examples held in 1 test functions, 6 rank-steps"
+    header = "coverage of 'reference': 6 examples held in 1 test function, 6 rank-steps"
     assert header in result.stdout
     data = json.loads((tmp_path / "conform.coverage.json").read_text())
     reference = data["backends"]["reference"]
