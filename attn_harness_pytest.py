@@ -587,8 +587,8 @@ def _compact_summary(seconds: float) -> list[str]:
     problems = _problem_lines()
     full = "coverage table: attn-harness conform -v, or --coverage-json FILE"
     coverage = _coverage_lines(full=False)
-    if coverage:
-        coverage[0] += f"\n  ({full})"
+    if _STATE["coverage"] is not None:
+        coverage.append(f"  ({full})")
     lines = [*_verdict_lines(), "", *coverage, *problems]
     reasons = [p.split(":")[1].strip() for p in problems]
     return [*lines, closing_line(_STATE["verdicts"], seconds, reasons)]

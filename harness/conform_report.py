@@ -121,7 +121,8 @@ def _cell(counts: Counter[str], examples: int) -> str:
         return f"FAILED {counts['failed']}/{runs}" if runs > 1 else "FAILED"
     if counts["passed"]:
         skipped = f", {counts['skipped']} unsupported" if counts["skipped"] else ""
-        return f"passed ({examples} ex){skipped}"
+        held = f"{examples} ex" if examples else _plural(counts["passed"], "case")
+        return f"passed ({held}){skipped}"
     return "unsupported"
 
 
@@ -170,7 +171,7 @@ def closing_line(verdicts: Verdicts, seconds: float, problems: list[str]) -> str
         verdict = "FAILED: " + "; ".join(problems)
     else:
         backends = ", ".join(verdicts.outcomes) or "no backend"
-        verdict = f"PASSED: every property held for {backends} ({tests} tests)"
+        verdict = f"PASSED: every property held for {backends} ({_plural(tests, 'test')})"
     return f"attn-harness conform: {verdict} in {seconds:.0f} s"
 
 
