@@ -585,7 +585,7 @@ def _compact_summary(seconds: float) -> list[str]:
     from harness.conform_report import closing_line
 
     problems = _problem_lines()
-    full = "coverage table: attn-harness conform -v, or --coverage-json FILE"
+    full = "coverage tables: -v; as JSON: --junitxml FILE, or -- --coverage-json FILE"
     coverage = _coverage_lines(full=False)
     if _STATE["coverage"] is not None:
         coverage.append(f"  ({full})")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import pathlib
 import re
+import subprocess
+import sys
 
 from harness.quick_check import run_quick_check
 from harness.registry import BackendRegistry
@@ -37,3 +40,103 @@ def test_readme_quick_start_has_two_commands():
     assert "constraints.txt" in lines[0]
     assert "nox -s tests" in lines[1]
     assert "harness conform" in lines[0]
+
+
+def _commands(text: str, program: str) -> list[str]:
+    """Every ``program ...`` command in the text's code blocks and inline code, joined lines."""
+    blocks = re.findall(r"```(?:bash)?\n(.*?)```", text, flags=re.DOTALL)
+    spans = re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.DOTALL))
+    commands = []
+    for chunk in [*blocks, *spans]:
+        joined = re.sub(r"\n\s+(?=[\[-])", " ", chunk)  # continuation lines of a usage block
+        for line in joined.splitlines():
+            at = line.find(program + " ")
+            if at >= 0:
+                commands.append(line[at:].split("#", 1)[0])
+    return commands
+
+
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    from harness.cli import build_parser
+
+    parser = build_parser()
+    (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(subparsers.choices)
+
+
+def _parser_options() -> dict[str, set[str]]:
+    return {name: set(sub._option_string_actions) for name, sub in _subparsers().items()}
+
+
+def _plugin_options() -> set[str]:
+    """The options a pytest run with the plugin (and the benchmark suite) accepts."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "attn_harness_pytest",
+            "suites/benchmarks",
+            "--help",
+        ],
+        cwd=README.parent,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    return set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", result.stdout))
+
+
+def test_readme_commands_use_only_options_the_cli_has():
+    options = _parser_options()
+    plugin = _plugin_options()
+    commands = _commands(README.read_text(), "attn-harness")
+    assert len(commands) > 10
+    checked = 0
+    for command in commands:
+        words = command.split()
+        sub = words[1] if len(words) > 1 else ""
+        if sub not in options:
+            continue
+        own, _, passed_on = command.partition(" -- ")
+        for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", own):
+            assert flag in options[sub], f"README: `{command}` uses {flag}, not in {sub} --help"
+            checked += 1
+        for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", passed_on):
+            assert flag in plugin, f"README: `{command}` passes {flag} to pytest, which lacks it"
+            checked += 1
+    assert checked > 15
+
+
+def test_readme_pytest_commands_use_only_options_pytest_and_the_plugin_have():
+    plugin = _plugin_options()
+    commands = _commands(README.read_text(), "pytest")
+    assert commands
+    for command in commands:
+        for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", command):
+            assert flag in plugin, f"README: `{command}` uses {flag}, unknown to pytest + plugin"
+
+
+def test_readme_nox_sessions_exist():
+    noxfile = (README.parent / "noxfile.py").read_text()
+    sessions = set(re.findall(r"@nox\.session[^\n]*\ndef (\w+)", noxfile))
+    named = set(re.findall(r"nox -s (\w+)", README.read_text()))
+    assert named
+    assert named <= sessions, named - sessions
+
+
+def test_every_option_of_list_check_conform_is_in_the_readme():
+    """The README's usage lines name every option (bench's are in its --help and docs)."""
+    text = README.read_text()
+    for name, sub in _subparsers().items():
+        if name == "bench":
+            continue
+        for action in sub._actions:
+            if action.help == argparse.SUPPRESS or "--help" in action.option_strings:
+                continue
+            shown = [
+                f for f in action.option_strings if re.search(rf"(?<![\w-]){f}(?![\w-])", text)
+            ]
+            assert shown, f"{name} {action.option_strings} is not in the README"
