@@ -101,6 +101,28 @@ def test_list_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert data["load_errors"] == {}
 
 
+def test_list_json_stays_json_when_a_backend_module_prints(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    spec = _spec("ChattyBackend", FIXTURES / "chatty_backend.py")
+    assert main(["list", "--json", "--backend", spec]) == EXIT_OK
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["backends"][0]["name"] == spec
+    assert "loading my kernels" in captured.err  # shown, on stderr
+
+
+def test_help_does_not_import_torch() -> None:
+    """`attn-harness --help` answers without loading torch (seconds on a cold start)."""
+    code = (
+        "import sys; from harness.cli import build_parser; build_parser(); "
+        "print('torch' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT
+    )
+    assert result.stdout.strip() == "False"
+
+
 def test_list_file_spec_has_spec_origin(capsys: pytest.CaptureFixture[str]) -> None:
     spec = _spec("FileBackend", FILE_BACKEND)
     assert main(["list", "--json", "--backend", spec]) == EXIT_OK
