@@ -1,0 +1,183 @@
+"""The user documentation in docs/: its code runs, its links resolve, it stays in the repository.
+
+* The Python blocks of docs/write-a-backend.md and docs/contract.md run in
+  order, in a temporary folder: a block whose first line is a comment naming
+  a file (``# my_backend.py``) is written as that file, every other block is
+  executed, and what a block prints must match the ``# ...`` comment under
+  each ``print``. The backend each file defines then passes the quick oracle
+  check (``attn-harness check``) in every case.
+* Every ``attn-harness`` / ``python -m harness`` line of a shell block in docs/
+  parses with the real command-line parser.
+* Every relative Markdown link in docs/*.md, README.md and reports/README.md
+  names a file of the repository (and, into docs/, a heading that exists).
+* No doc in docs/ names DESIGN.md or a path outside the repository.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+import harness.registry
+from harness.quick_check import run_quick_check
+from harness.registry import BackendRegistry
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+DOC_FILES = sorted(DOCS.glob("*.md"))
+LINKED_FILES = [*DOC_FILES, ROOT / "README.md", ROOT / "reports" / "README.md"]
+
+FENCE = re.compile(r"^```([\w-]*)\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
+FILE_COMMENT = re.compile(r"# ([\w.-]+\.py)")
+BACKEND_CLASS = re.compile(r"^class (\w+)\b", re.MULTILINE)
+LINK = re.compile(r"(?<!!)\[[^\]\n]*\]\(([^)\s]+)\)")
+EXTERNAL = ("http://", "https://", "mailto:")
+
+
+def code_blocks(path: Path, language: str) -> list[str]:
+    return [body for lang, body in FENCE.findall(path.read_text()) if lang == language]
+
+
+def expected_output(block: str) -> list[str]:
+    """The ``# ...`` comment lines right under each ``print(...)`` line of ``block``."""
+    lines = block.splitlines()
+    expected = []
+    for line, following in itertools.pairwise(lines):
+        comment = following.strip()
+        if line.strip().startswith("print(") and comment.startswith("# "):
+            expected.append(comment[2:])
+    return expected
+
+
+def run_doc(doc: Path, folder: Path) -> dict[str, Path]:
+    """Write the doc's file blocks into ``folder`` and run its other blocks there, in order."""
+    files: dict[str, Path] = {}
+    namespace: dict[str, object] = {"__name__": f"docs_{doc.stem.replace('-', '_')}"}
+    blocks = code_blocks(doc, "python")
+    assert blocks, f"{doc.name} has no Python blocks"
+    for number, block in enumerate(blocks, start=1):
+        named = FILE_COMMENT.fullmatch(block.splitlines()[0])
+        if named:
+            files[named.group(1)] = folder / named.group(1)
+            files[named.group(1)].write_text(block)
+            continue
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            exec(compile(block, f"{doc.name}, Python block {number}", "exec"), namespace)
+        expected = expected_output(block)
+        if expected:
+            assert printed.getvalue().splitlines() == expected, f"{doc.name} block {number}"
+    return files
+
+
+def assert_backend_passes_quick_check(path: Path) -> None:
+    classes = BACKEND_CLASS.findall(path.read_text())
+    assert classes, f"{path.name} defines no class"
+    entry = harness.registry.default_registry().resolve(f"{path}:{classes[0]}")
+    results = run_quick_check(entry)
+    assert results, "the quick check ran no case"
+    failures = [r for r in results if r.status != "PASSED"]
+    assert not failures, failures[:3]
+
+
+@pytest.fixture
+def doc_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh registry and an empty current folder, as a reader starting out has."""
+    monkeypatch.setattr(harness.registry, "_DEFAULT", BackendRegistry())
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_guide_runs_and_its_backend_passes_the_quick_check(doc_folder: Path) -> None:
+    files = run_doc(DOCS / "write-a-backend.md", doc_folder)
+    assert list(files) == ["my_backend.py"]
+    assert_backend_passes_quick_check(files["my_backend.py"])
+
+
+def test_contract_examples_run_and_the_minimal_backend_passes_the_quick_check(
+    doc_folder: Path,
+) -> None:
+    files = run_doc(DOCS / "contract.md", doc_folder)
+    assert list(files) == ["minimal_backend.py"]
+    assert_backend_passes_quick_check(files["minimal_backend.py"])
+
+
+def test_guide_code_uses_only_public_names() -> None:
+    for block in code_blocks(DOCS / "write-a-backend.md", "python"):
+        private = [n for n in re.findall(r"(?<!\w)_\w+", block) if not n.endswith("__")]
+        assert not private, f"write-a-backend.md uses private names: {private}"
+
+
+def _shell_commands() -> list[tuple[str, str]]:
+    commands = []
+    for doc in DOC_FILES:
+        for block in code_blocks(doc, "bash"):
+            for line in block.splitlines():
+                line = line.split(" #", 1)[0].strip()
+                if line.startswith(("attn-harness ", "python -m harness ")):
+                    commands.append((doc.name, line))
+    return commands
+
+
+@pytest.mark.parametrize(("doc", "command"), _shell_commands())
+def test_shell_commands_parse(doc: str, command: str) -> None:
+    from harness.cli import build_parser
+
+    words = shlex.split(command)
+    args = words[1:] if words[0] == "attn-harness" else words[3:]
+    try:
+        build_parser().parse_args(args)
+    except SystemExit as exc:  # argparse's answer to a bad command line
+        pytest.fail(f"{doc}: `{command}` does not parse (exit {exc.code})")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    text = FENCE.sub("", path.read_text())
+    return {_slug(h) for h in re.findall(r"^#{1,6} (.+)$", text, flags=re.MULTILINE)}
+
+
+def _links(path: Path) -> list[str]:
+    return LINK.findall(FENCE.sub("", path.read_text()))
+
+
+@pytest.mark.parametrize("path", LINKED_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_point_into_the_repository(path: Path) -> None:
+    assert path.is_file(), f"{path.relative_to(ROOT)} does not exist"
+    for link in _links(path):
+        if link.startswith(EXTERNAL):
+            continue
+        target, _, anchor = link.partition("#")
+        file = (path.parent / target).resolve() if target else path
+        assert file.is_relative_to(ROOT), f"{path.name}: {link} leaves the repository"
+        assert file.exists(), f"{path.name}: {link} names a missing file"
+        if anchor and file.suffix == ".md" and file.parent == DOCS:
+            assert anchor in _anchors(file), f"{path.name}: {link}: no such heading"
+
+
+@pytest.mark.parametrize("path", DOC_FILES, ids=lambda p: p.name)
+def test_docs_stay_inside_the_repository(path: Path) -> None:
+    text = path.read_text()
+    assert not re.search(r"design\.md", text, flags=re.IGNORECASE), f"{path.name} names DESIGN.md"
+    assert "/work/" not in text, f"{path.name} names an absolute path of a checkout"
+    for relative in re.findall(r"(?:\.\./)+[\w./-]*", text):
+        where = (path.parent / relative).resolve()
+        assert where.is_relative_to(ROOT), f"{path.name}: {relative} is outside the repository"
+
+
+def test_docs_index_lists_every_doc() -> None:
+    index = (DOCS / "README.md").read_text()
+    for doc in DOC_FILES:
+        if doc.name != "README.md":
+            assert f"]({doc.name})" in index, f"docs/README.md does not list {doc.name}"
