@@ -93,8 +93,8 @@ def geometries(
     dtype = draw(balanced(caps.dtypes))
     kv_heads = draw(st.integers(1, 4))
     group = draw(st.integers(1, max(1, min(8, budget.max_heads // kv_heads))))
-    head_dims = caps.head_dims or HEAD_DIMS
-    page_sizes = caps.page_sizes or PAGE_SIZES
+    head_dims = HEAD_DIMS if caps.head_dims is None else caps.head_dims  # () claims none
+    page_sizes = PAGE_SIZES if caps.page_sizes is None else caps.page_sizes
     scale = draw(st.one_of(st.none(), st.floats(0.03, 2.0, allow_nan=False)))
     # Large logits need a stable softmax; they are drawn rarely and shrink away.
     magnitude = draw(st.sampled_from((1.0, 1.0, 1.0, 8.0, 30.0)))

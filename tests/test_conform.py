@@ -211,6 +211,13 @@ def test_nothing_checkable_on_this_device_fails_and_says_so():
     assert "nothing could be checked for backend" in result.stdout
 
 
+def test_an_empty_page_size_claim_checks_nothing_and_fails():
+    result = conform("--backend", f"{FIXTURES}:ClaimsNoPageSize")
+    assert result.returncode == EXIT_FAILED
+    assert "nothing could be checked for backend" in result.stdout
+    assert "passed (" not in result.stdout  # nothing drawn outside the claim
+
+
 def test_backend_refusing_everything_fails():
     result = conform(
         "--backend",

@@ -58,6 +58,8 @@ def _inside_claim(request: pytest.FixtureRequest) -> None:
         pytest.skip(f"{entry.name} does not claim device {DEVICE!r} (claims {caps.devices})")
     if not caps.dtypes:
         pytest.skip(f"{entry.name} claims no dtype")
+    if caps.page_sizes == () or caps.head_dims == ():  # an empty tuple claims none, unlike None
+        pytest.skip(f"{entry.name} claims no page size or no head dim")
 
 
 def draw_scenario(
