@@ -176,9 +176,15 @@ def check_rank_is_bound(geometry: CacheGeometry, dp_size: int, dp_rank: int) -> 
         raise CacheBindingError(f"bad DP partition for the bound cache: {exc}") from exc
     held = range(geometry.page_offset, geometry.page_offset + geometry.num_pages)
     if page_range.start < held.start or page_range.stop > held.stop:
+        hint = ""
+        if geometry.total_pages == held.stop and dp_size > 1 and held.start > 0:
+            hint = (
+                f"; the pool's size was taken as page_offset + num_pages = {held.stop}: a "
+                "per-rank cache must give the whole pool's total_pages"
+            )
         raise CacheBindingError(
             f"rank {dp_rank} of {dp_size} owns pages [{page_range.start}, {page_range.stop}) "
-            f"but the bound cache holds [{held.start}, {held.stop})"
+            f"but the bound cache holds [{held.start}, {held.stop}){hint}"
         )
     return page_range
 

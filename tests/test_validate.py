@@ -923,3 +923,22 @@ def test_builtins_reject_malformed_metadata_in_prepare(backend, make, field, bad
     assert info.value.field == field
     with pytest.raises(RuntimeError, match="before prepare"):  # the rejected step is not kept
         attention.forward(torch.ones(7, 2, 4), torch.ones(7, 1, 4), torch.ones(7, 1, 4), 0)
+
+
+def test_per_rank_cache_without_total_pages_says_what_is_missing():
+    import torch
+
+    from harness import DPBackendConfig, LayerCache, create_attention_backend, dp_page_range
+
+    pages = dp_page_range(20, 4, 1)
+    key = torch.zeros(len(pages), 4, 1, 8)
+    backend = create_attention_backend(
+        "reference",
+        num_heads=1,
+        num_kv_heads=1,
+        head_dim=8,
+        scale=0.3,
+        dp_config=DPBackendConfig(dp_size=4, dp_rank=1),
+    )
+    with pytest.raises(ValueError, match="must give the whole pool's total_pages"):
+        backend.bind_kv_caches([LayerCache(key=key, value=key.clone(), page_offset=pages.start)])
