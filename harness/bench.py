@@ -46,7 +46,7 @@ from harness.environment import fingerprint
 from harness.errors import Unsupported
 from harness.metrics import rates, roofline
 from harness.peer import PEER_CLASS, PEER_NAME, ContiguousPeer
-from harness.registry import BackendEntry
+from harness.registry import BackendEntry, class_label
 from harness.results import FAILING_STATUSES, CaseRecord, RunRecord, TimingRecord
 from harness.scenario import StepInputs, backend_for, check_outputs, make_step_inputs
 from harness.statistics import bootstrap_ratio_ci
@@ -116,10 +116,20 @@ class PreparedCase:
         return f"{self.workload.key}/{self.spec.name}"
 
     def case_id(self, backend: str) -> str:
-        return f"{self.prefix}/{backend}"
+        return case_id(self.workload, self.spec.name, backend)
 
     def forward_args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.inputs.queries[0], self.inputs.keys[0], self.inputs.values[0]
+
+
+def case_id(workload: Workload, case: str, backend: str) -> str:
+    """A record's id: ``workload@version/case::backend``, e.g. ``decode-sweep@1/ctx=512::sdpa``.
+
+    ``::`` sets the backend apart, since a backend spec may hold slashes of its
+    own (``/abs/path/file.py:Class``): joined with ``/`` that gave ``...//abs/...``.
+    Ids are opaque to readers, so files written with the old ``/`` form still load.
+    """
+    return f"{workload.key}/{case}::{backend}"
 
 
 def prepare_case(workload: Workload, spec: CaseSpec, device: str) -> PreparedCase:
@@ -418,7 +428,7 @@ class _Runner:
         return record
 
     def run_backend(self, entry: BackendEntry, case: PreparedCase, peer: CaseRecord) -> None:
-        backend_class = f"{entry.cls.__module__}.{entry.cls.__qualname__}"
+        backend_class = class_label(entry.cls)
         timings: dict[str, TimingRecord] = {}
         try:
             with deadline(self.config.case_timeout_s):
@@ -453,7 +463,7 @@ class _Runner:
             for name in [PEER_NAME, *(b.name for b in backends)]:
                 self.records.append(
                     CaseRecord(
-                        id=f"{workload.key}/{spec.name}/{name}",
+                        id=case_id(workload, spec.name, name),
                         role="peer" if name == PEER_NAME else "backend",
                         backend=name,
                         workload=workload.name,

@@ -14,20 +14,29 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from collections.abc import Sequence
-from typing import Any, TextIO
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
 
-import torch
-
-from harness.bench import BenchConfig, failed, run_benchmarks
-from harness.errors import BackendLoadError
-from harness.peer import PEER_NAME
-from harness.registry import BackendEntry, default_registry
-from harness.results import CaseRecord, ResultsError, RunRecord, check_writable, save_results
-from harness.timing import TimingConfig
-from harness.workloads import DEFAULT_WORKLOADS, Workload, get_workload, list_workloads
+# Only the standard library at import time: ``attn-harness --help`` builds this
+# parser, and torch (which every module running a benchmark imports) takes seconds
+# to load. Those modules are imported inside ``cmd_bench`` and the renderers.
+if TYPE_CHECKING:
+    from harness.bench import BenchConfig
+    from harness.registry import BackendEntry
+    from harness.results import CaseRecord, RunRecord
+    from harness.workloads import Workload
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+# harness.workloads.DEFAULT_WORKLOADS and harness.timing.TimingConfig's defaults,
+# spelled out so that the help needs no torch (a test keeps them equal)
+DEFAULT_WORKLOAD_NAMES = ("decode-sweep", "prefill-sweep", "extend", "mixed", "dp-scaling")
+DEFAULT_MIN_SAMPLES, DEFAULT_MAX_SAMPLES = 5, 100
+DEFAULT_BUDGET_S, DEFAULT_TARGET_CI = 1.0, 0.05
+DEFAULT_TIMEOUT_S = 600.0
+WIDTH = 110  # detail and legend lines below the table are wrapped to this
+BACKEND_WIDTH = 28  # longer backend specs are shortened in the table
 
 
 class UsageError(Exception):
@@ -55,13 +64,14 @@ def _positive_float(text: str) -> float:
 
 
 def add_bench_command(subparsers: Any) -> None:
-    """Register ``bench`` on the ``attn-harness`` subparsers."""
+    """Register ``bench`` on the ``attn-harness`` subparsers (imports no torch)."""
     p = subparsers.add_parser(
         "bench",
         help="time backends on named workloads, each case checked against the oracle first",
         description=(
             "Check every case against the float64 oracle, then time prepare and forward "
             "(validation off) beside torch SDPA over the same tokens held contiguously. "
+            "A backend that fails the check is reported with its status and not timed. "
             "Exit 0: all cases passed or unsupported; 1: a case failed; 2: bad usage."
         ),
     )
@@ -70,64 +80,109 @@ def add_bench_command(subparsers: Any) -> None:
         action="append",
         default=[],
         metavar="SPEC",
-        help="backend name, 'package.module:Class' or 'path/to/file.py:Class' "
-        "(repeatable; default: all registered)",
+        help="backend to run: a registered name, 'package.module:Class' or "
+        "'path/to/file.py:Class' (repeatable; default: every registered backend)",
     )
     p.add_argument(
         "--workload",
         action="append",
         default=[],
         metavar="NAME",
-        help=f"workload name (repeatable; default: {', '.join(DEFAULT_WORKLOADS)})",
+        help="workload to run (repeatable; see --list-workloads; default: "
+        f"{', '.join(DEFAULT_WORKLOAD_NAMES)})",
     )
-    p.add_argument("--list-workloads", action="store_true", help="list the workloads and exit")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument(
+        "--list-workloads",
+        action="store_true",
+        help="list the workloads (version, kind, number of cases) and exit (default: off)",
+    )
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="device the cases run and are timed on (default: cpu)",
+    )
     p.add_argument(
         "--size",
         choices=("cpu", "gpu"),
         default=None,
-        help="workload size (default: gpu on --device cuda, else cpu)",
+        help="workload size: cpu (small) or gpu (bf16, long contexts) "
+        "(default: gpu on --device cuda, else cpu)",
     )
-    p.add_argument("--out", metavar="FILE", help="write the results (JSON schema v1) here")
+    p.add_argument(
+        "--out",
+        metavar="FILE",
+        help="write the results file (JSON, schema version 1: environment, ceilings, "
+        "every raw sample) here, atomically (default: print the table only)",
+    )
     p.add_argument(
         "--threads",
         type=_positive_int,
         default=None,
+        metavar="N",
         help="intra-op threads for every timing (default: torch's current count)",
     )
     p.add_argument(
         "--budget",
         type=_positive_float,
-        default=1.0,
+        default=DEFAULT_BUDGET_S,
         metavar="SECONDS",
-        help="time budget of each timed callable (default 1.0)",
+        help="wall-clock budget for timing each forward; sampling stops when it is spent "
+        f"(after --min-samples) (default: {DEFAULT_BUDGET_S})",
     )
-    p.add_argument("--min-samples", type=_positive_int, default=5)
-    p.add_argument("--max-samples", type=_positive_int, default=100)
+    p.add_argument(
+        "--min-samples",
+        type=_positive_int,
+        default=DEFAULT_MIN_SAMPLES,
+        metavar="N",
+        help="timed forward calls taken before any stopping rule is checked; at least "
+        f"{DEFAULT_MIN_SAMPLES} (default: {DEFAULT_MIN_SAMPLES})",
+    )
+    p.add_argument(
+        "--max-samples",
+        type=_positive_int,
+        default=DEFAULT_MAX_SAMPLES,
+        metavar="N",
+        help="most timed forward calls per case and backend, even if the CI has not converged and "
+        f"budget is left; not below --min-samples (default: {DEFAULT_MAX_SAMPLES})",
+    )
     p.add_argument(
         "--target-ci",
         type=_positive_float,
-        default=0.05,
+        default=DEFAULT_TARGET_CI,
         metavar="FRACTION",
-        help="stop once the median's CI is this narrow relative to it (default 0.05)",
+        help="stop sampling once the median's 95%% CI is this narrow relative to the "
+        f"median (default: {DEFAULT_TARGET_CI:g})",
     )
     p.add_argument(
-        "--warm-cache", action="store_true", help="do not flush the caches between calls"
+        "--warm-cache",
+        action="store_true",
+        help="do not flush the caches between timed calls (default: flush, cold cache)",
     )
     p.add_argument(
-        "--cuda-graph", action="store_true", help="time CUDA-graph replays (small kernels)"
+        "--cuda-graph",
+        action="store_true",
+        help="time CUDA-graph replays, for small kernels; needs backends claiming graph "
+        "mode (default: off, plain calls)",
     )
     p.add_argument(
         "--timeout",
         type=_positive_float,
-        default=600.0,
+        default=DEFAULT_TIMEOUT_S,
         metavar="SECONDS",
-        help="per (case, backend) deadline (default 600)",
+        help="deadline for each (case, backend) check and timing; past it the case is "
+        f"TIMEOUT (default: {DEFAULT_TIMEOUT_S:g})",
     )
     p.add_argument(
-        "--no-probe", action="store_true", help="skip the ceiling probe (datasheet only)"
+        "--no-probe",
+        action="store_true",
+        help="skip measuring the device ceilings; use datasheet figures only (default: probe)",
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar on stderr (default: show one)",
+    )
     p.set_defaults(func=cmd_bench)
 
 
@@ -157,74 +212,173 @@ def _pct(value: float | None) -> str:
 
 
 def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    """Aligned columns; a row of one cell is a heading line, outside the column widths."""
+    cells = [row for row in rows if len(row) > 1]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
     lines = [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+        row[0]
+        if len(row) == 1
+        else "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
-def _row(case: CaseRecord) -> list[str]:
-    median = ci = "-"
-    if case.forward is not None:
+def short_backend_names(names: Sequence[str], width: int = BACKEND_WIDTH) -> dict[str, str]:
+    """Name -> what the table shows, at most ``width`` characters.
+
+    A longer spec is shown as ``file.py:Class`` or ``module:Class``, else as
+    ``Class``, else cut short with ``...``; names that would be shown alike
+    keep their full spelling. The table's legend names each shortened spec.
+    """
+    shown: dict[str, str] = {}
+    for name in dict.fromkeys(names):
+        target, sep, cls = name.rpartition(":")
+        candidates = [name]
+        if sep and target and cls:
+            place = Path(target).name if target.endswith(".py") else target.rpartition(".")[2]
+            candidates += [f"{place}:{cls}", cls]
+        label = next((c for c in candidates if len(c) <= width), None)
+        shown[name] = label or candidates[-1][: width - 3] + "..."
+    counts: dict[str, int] = {}
+    for label in shown.values():
+        counts[label] = counts.get(label, 0) + 1
+    return {name: (label if counts[label] == 1 else name) for name, label in shown.items()}
+
+
+def _ratio(metrics: dict[str, Any]) -> str:
+    ratio = metrics.get("ratio_to_peer")
+    if ratio is None:
+        return "-"
+    ci = metrics.get("ratio_to_peer_ci")
+    return f"{ratio:.2f}x" + (f" [{ci[0]:.2f}-{ci[1]:.2f}]" if ci else "")
+
+
+def _roofline(metrics: dict[str, Any]) -> str:
+    fraction = metrics.get("roofline_fraction")
+    if fraction is None:
+        return "-"
+    bound = {"memory": " mem", "compute": " cmp"}.get(metrics.get("bound") or "", "")
+    return f"{fraction:.0%}{bound}"
+
+
+def _row(case: CaseRecord, backend: str, notes: list[int]) -> list[str]:
+    """One backend's row; a case that did not pass shows its status and nothing timed."""
+    forward = ci = prepare = tokens = roof = ratio = "-"
+    if case.status == "PASSED" and case.forward is not None:  # only a correct answer is a time
         s = case.forward.summary()
-        median = format_ns(s.median)
-        ci = f"{format_ns(s.ci_low)} .. {format_ns(s.ci_high)}"
-        if not case.valid:
-            median = f"({median})"  # timed, but not a valid result
-    m = case.metrics or {}
-    ratio = m.get("ratio_to_peer")
-    ratio_ci = m.get("ratio_to_peer_ci")
-    shown_ratio = "-"
-    if ratio is not None:
-        shown_ratio = f"{ratio:.2f}x"
-        if ratio_ci:
-            shown_ratio += f" [{ratio_ci[0]:.2f}, {ratio_ci[1]:.2f}]"
-    prepare = format_ns(case.prepare.summary().median) if case.prepare else "-"
-    return [
-        f"{case.workload}@{case.workload_version}",
-        case.case,
-        case.backend,
-        case.status,
-        median,
-        ci,
-        prepare,
-        _rate(m.get("tokens_per_s")),
-        "-" if "gbps" not in m else f"{m['gbps']:.3g}",
-        "-" if "tflops" not in m else f"{m['tflops']:.3g}",
-        _pct(m.get("bandwidth_fraction")),
-        _pct(m.get("compute_fraction")),
-        shown_ratio,
-        "!" if case.flags else "",
-    ]
+        forward = format_ns(s.median)
+        if s.median > 0:
+            ci = f"±{(s.ci_high - s.ci_low) / 2 / s.median:.1%}"
+        if case.prepare is not None:
+            prepare = format_ns(case.prepare.summary().median)
+        m = case.metrics or {}
+        tokens, roof, ratio = _rate(m.get("tokens_per_s")), _roofline(m), _ratio(m)
+    flags = "[" + ",".join(map(str, notes)) + "]" if notes else ""
+    return [f"    {backend}", case.status, forward, ci, prepare, tokens, roof, ratio, flags]
 
 
-HEADER = [
-    "workload",
-    "case",
-    "backend",
-    "status",
-    "median",
-    "95% CI",
-    "prepare",
-    "tok/s",
-    "GB/s",
-    "TFLOP/s",
-    "%BW",
-    "%FLOP",
-    "x peer [CI]",
-    "",
-]
+def _confidence(record: RunRecord) -> float:
+    for case in record.cases:
+        if case.forward is not None:
+            return case.forward.confidence
+    return 0.95
+
+
+def _wrap(text: str, indent: str = "    ") -> list[str]:
+    return textwrap.wrap(
+        text,
+        WIDTH,
+        subsequent_indent=indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+
+
+def _workload_line(record: RunRecord, case: CaseRecord) -> str:
+    line = f"{case.workload}@{case.workload_version}"
+    for w in record.workloads:
+        if (w.get("name"), w.get("version")) == (case.workload, case.workload_version):
+            if w.get("description"):
+                line += f": {w['description']}"
+            break
+    return textwrap.shorten(line, WIDTH, placeholder=" ...")
+
+
+def _case_line(case: CaseRecord) -> str:
+    spec = case.spec or {}
+    queries = spec.get("query_lens") or []
+    shape = f"{len(queries)} seqs, {sum(queries)} new tokens, {spec.get('dtype', '?')}"
+    if spec.get("dp_size", 1) > 1:
+        shape += f", rank {spec.get('dp_rank')} of dp {spec.get('dp_size')}"
+    return f"  {case.case}  ({shape})"
 
 
 def render(record: RunRecord) -> str:
-    """The readable summary printed at the end of a run."""
-    lines = [_table([HEADER] + [_row(c) for c in record.cases])]
+    """The readable summary printed at the end of a run.
+
+    One table, grouped by workload and case (the workload and case on their own
+    lines, one row per backend), about 100 columns wide; errors, flags, long
+    backend specs and what each column means follow on lines below it.
+    """
+    from harness.peer import PEER_NAME
+
+    names = short_backend_names([c.backend for c in record.cases])
+    header = [
+        "workload / case / backend",
+        "status",
+        "forward",
+        f"{_confidence(record):.0%} CI",
+        "prepare",
+        "tok/s",
+        "roofline",
+        "x peer [95% CI]",
+        "flags",
+    ]
+    rows = [header]
+    notes: list[str] = []
+    details: list[str] = []
+    workload = case_name = None
     for case in record.cases:
+        if (case.workload, case.workload_version) != workload:
+            workload = (case.workload, case.workload_version)
+            case_name = None
+            rows.append([_workload_line(record, case)])
+        if case.case != case_name:
+            case_name = case.case
+            rows.append([_case_line(case)])
+        where = f"{names[case.backend]} on {case.workload}@{case.workload_version} {case.case}"
+        numbers = []
+        for flag in case.flags:
+            notes.append(f"[{len(notes) + 1}] {where}: {flag}")
+            numbers.append(len(notes))
+        rows.append(_row(case, names[case.backend], numbers))
         if case.error and case.status != "PASSED":
-            lines.append(f"{case.status}: {case.id}: {case.error}")
-        lines.extend(f"flag: {case.id}: {flag}" for flag in case.flags)
+            details.append(f"{case.status}: {where}: {case.error}")
+    lines = [_table(rows), ""]
+    for text in details:
+        lines.extend(_wrap(text))
+    if notes:
+        lines.extend(
+            _wrap(
+                "flags: [n] points to note n below: a warning about that row, e.g. a rate "
+                "above 100% of its ceiling (a measurement error, not a result)"
+            )
+        )
+        for text in notes:
+            lines.extend(_wrap(text))
+    for name, label in names.items():
+        if label != name:
+            lines.extend(_wrap(f"backend {label} is {name}"))
+    lines.extend(
+        _wrap(
+            f"columns: forward = median time of one forward call (validation off), with ± half "
+            f"its CI's width; prepare = median prepare time (host clock); roofline = share of "
+            f"the binding ceiling (mem: bandwidth, cmp: compute); x peer = forward time / "
+            f"{PEER_NAME} forward time (> 1: slower); a case that did not pass is not timed"
+        )
+    )
     ceilings = record.ceilings.get(record.ceilings.get("used") or "", None)
     if ceilings:
         flops = ", ".join(
@@ -233,13 +387,14 @@ def render(record: RunRecord) -> str:
         )
         bandwidth = ceilings["memory_bandwidth"]
         shown = "-" if bandwidth is None else f"{bandwidth / 1e9:.4g} GB/s"
-        lines.append(f"ceilings ({ceilings['source']}): copy {shown}; {flops}")
+        lines.extend(_wrap(f"ceilings ({ceilings['source']}): copy {shown}; {flops}"))
     overhead = record.timing.get("overhead") or {}
-    lines.append(
-        f"timing: {record.timing['clock']}, {record.timing['threads']} threads, cold cache "
-        f"{'on' if record.timing['cold_cache'] else 'off'}, timer overhead "
-        f"{format_ns(overhead.get('median_ns'))} (empty call); "
-        f"'x peer' is time / {PEER_NAME} time"
+    lines.extend(
+        _wrap(
+            f"timing: {record.timing['clock']}, {record.timing['threads']} threads, cold cache "
+            f"{'on' if record.timing['cold_cache'] else 'off'}, timer overhead "
+            f"{format_ns(overhead.get('median_ns'))} (empty call)"
+        )
     )
     counts: dict[str, int] = {}
     for case in record.cases:
@@ -258,7 +413,7 @@ def render_workloads(workloads: list[Workload]) -> str:
                 w.kind,
                 str(len(w.cpu)),
                 str(len(w.gpu)),
-                "yes" if w.name in DEFAULT_WORKLOADS else "",
+                "yes" if w.name in DEFAULT_WORKLOAD_NAMES else "",
                 w.description,
             ]
         )
@@ -298,6 +453,13 @@ class Progress:
 
 
 def _check_usage(args: argparse.Namespace) -> tuple[list[BackendEntry], list[Workload]]:
+    import torch
+
+    from harness.errors import BackendLoadError
+    from harness.registry import default_registry
+    from harness.results import check_writable
+    from harness.workloads import DEFAULT_WORKLOADS, get_workload
+
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError(
             f"--device cuda: no CUDA device is available (torch {torch.__version__}, "
@@ -328,6 +490,9 @@ def _check_usage(args: argparse.Namespace) -> tuple[list[BackendEntry], list[Wor
 
 
 def _config(args: argparse.Namespace) -> BenchConfig:
+    from harness.bench import BenchConfig
+    from harness.timing import TimingConfig
+
     try:
         timing = TimingConfig(
             min_samples=args.min_samples,
@@ -350,6 +515,11 @@ def _config(args: argparse.Namespace) -> BenchConfig:
 
 
 def cmd_bench(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
+    # torch and everything that runs a benchmark load here, not when the parser is built
+    from harness import bench
+    from harness.results import ResultsError, save_results
+    from harness.workloads import list_workloads
+
     if args.list_workloads:
         print(render_workloads(list_workloads()))
         return EXIT_OK
@@ -361,7 +531,7 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str] | None = None) -> in
         return EXIT_USAGE
     progress = Progress(enabled=not args.no_progress)
     try:
-        record = run_benchmarks(
+        record = bench.run_benchmarks(
             backends,
             workloads,
             config,
@@ -381,7 +551,7 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str] | None = None) -> in
             print(f"attn-harness bench: error: results not saved: {exc}", file=sys.stderr)
             return EXIT_USAGE
         print(f"results written to {args.out}")
-    return EXIT_FAILED if failed(record) else EXIT_OK
+    return EXIT_FAILED if bench.failed(record) else EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -39,12 +39,13 @@ def _cell(value: object) -> str:
 
 def _describe(entry: BackendEntry) -> dict[str, object]:
     from harness.quick_check import dtype_name
+    from harness.registry import class_label
 
     caps = entry.capabilities
     return {
         "name": entry.name,
         "origin": entry.origin,
-        "class": f"{entry.cls.__module__}.{entry.cls.__qualname__}",
+        "class": class_label(entry),
         "dp_aware": entry.accepts_dp,
         "dtypes": [dtype_name(d) for d in caps.dtypes],
         "devices": list(caps.devices),

@@ -231,6 +231,8 @@ def run_conformance(
     coverage = None
     if junit is not None and "--coverage-json" not in extra:
         coverage = str(junit.with_suffix(".coverage.json"))
+    if verbose and not wants_pytest_output(extra):
+        extra = ["-v", *extra]
     args = pytest_arguments(
         specs,
         profile,

@@ -78,6 +78,7 @@ def failure_text(exc: BaseException) -> tuple[str, str]:
             detail = f"{type(exc).__name__}: {detail}"
     if others:
         detail += f" (and {others} other distinct failure{'s' if others > 1 else ''})"
+    detail += "".join(f"\n{line}" for line in rest if line.startswith("claimed vs drawn:"))
     return detail, scenarios[0] if scenarios else ""
 
 
@@ -155,7 +156,8 @@ def render_table(rows: list[list[str]]) -> list[str]:
 
 def failure_lines(failure: Failure) -> list[str]:
     test = shown_name(failure.test, failure.backend)
-    lines = [f"FAILED {failure.backend} · {test}: {failure.detail}"]
+    first, *more = failure.detail.splitlines()
+    lines = [f"FAILED {failure.backend} · {test}: {first}", *(f"       {m}" for m in more)]
     if failure.scenario:
         lines.append(f"       scenario: {failure.scenario}")
     lines.append(f"       replay:   {failure.replay}")

@@ -19,6 +19,7 @@ import importlib.util
 import inspect
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -30,6 +31,9 @@ from harness.validate import validate_dp_config
 
 ENTRY_POINT_GROUP = "attn_harness.backends"
 _PROTOCOL_METHODS = ("bind_kv_caches", "prepare", "forward")
+SPEC_MODULE_PREFIX = "_attn_harness_spec_"
+# internal module name of a file imported by path -> the path as the spec gave it
+_SPEC_FILES: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -59,15 +63,42 @@ class BackendEntry:
     def capabilities(self) -> Capabilities:
         return capabilities_of(self.cls)
 
+    @property
+    def class_label(self) -> str:
+        """The class as users name it: ``package.module.Class`` or ``path/to/file.py:Class``."""
+        return class_label(self.cls)
+
+
+def class_label(entry_or_cls: BackendEntry | type) -> str:
+    """How to show a backend class to users.
+
+    ``package.module.Class`` for an importable class; ``path/to/file.py:Class``
+    (the path as its spec gave it) for one loaded from a file, whose module has
+    an internal name (``_attn_harness_spec_...``) that means nothing to anyone.
+    """
+    cls = entry_or_cls.cls if isinstance(entry_or_cls, BackendEntry) else entry_or_cls
+    module = str(getattr(cls, "__module__", "?"))
+    qualname = getattr(cls, "__qualname__", None) or getattr(cls, "__name__", repr(cls))
+    path = _SPEC_FILES.get(module)
+    if path is None and module.startswith(SPEC_MODULE_PREFIX):
+        path = getattr(sys.modules.get(module), "__file__", None)
+    if path is not None:
+        return f"{path}:{qualname}"
+    return f"{module}.{qualname}"
+
+
+def _missing_methods(cls: type) -> list[str]:
+    return [m for m in _PROTOCOL_METHODS if not callable(getattr(cls, m, None))]
+
 
 def check_backend_class(cls: object) -> type:
     """Raise ``TypeError`` unless ``cls`` is a class with the protocol's methods."""
     if not inspect.isclass(cls):
         raise TypeError(f"a backend must be a class, got {cls!r}")
-    missing = [m for m in _PROTOCOL_METHODS if not callable(getattr(cls, m, None))]
+    missing = _missing_methods(cls)
     if missing:
         raise TypeError(
-            f"{cls.__module__}.{cls.__qualname__} does not satisfy the AttentionBackend "
+            f"{class_label(cls)} does not satisfy the AttentionBackend "
             f"protocol: missing {', '.join(missing)}"
         )
     return cls
@@ -103,7 +134,7 @@ class BackendRegistry:
         if existing is not None and not replace and existing.cls is not cls:
             raise ValueError(
                 f"backend {name!r} is already registered ({existing.origin}: "
-                f"{existing.cls.__module__}.{existing.cls.__qualname__}); "
+                f"{class_label(existing.cls)}); "
                 "pass replace=True to override it"
             )
         self._entries[name] = BackendEntry(name, cls, origin)
@@ -128,12 +159,26 @@ class BackendRegistry:
         return [self._entries[n] for n in self.names()]
 
     def resolve(self, name_or_spec: str) -> BackendEntry:
-        """A registered name, or a ``module:Class`` / ``file.py:Class`` spec (registered)."""
+        """A registered name, or a ``module:Class`` / ``file.py:Class`` spec (registered).
+
+        An unknown name raises ``KeyError`` listing the registered names; a
+        file or an importable ``package.module`` given without ``:Class``
+        raises ``BackendLoadError`` saying so and naming the backend-looking
+        classes (those with ``bind_kv_caches``, ``prepare`` and ``forward``) in it.
+        """
         self._ensure_loaded()
         if name_or_spec in self._entries:
             return self._entries[name_or_spec]
         if ":" not in name_or_spec:
-            return self.entry(name_or_spec)  # raises KeyError listing names
+            hint = missing_class_hint(name_or_spec)
+            if hint is not None:
+                raise BackendLoadError(hint)
+            try:
+                return self.entry(name_or_spec)
+            except KeyError as exc:
+                raise KeyError(
+                    f"{exc.args[0]} (or a spec: 'package.module:Class' or 'path/to/file.py:Class')"
+                ) from None
         cls = load_backend_spec(name_or_spec)
         self.register(name_or_spec, cls, replace=True, origin="spec")
         return self._entries[name_or_spec]
@@ -175,7 +220,7 @@ def load_backend_spec(spec: str) -> type:
             "or 'path/to/file.py:Class'"
         )
     if target.endswith(".py"):
-        module = _import_file(Path(target), spec)
+        module = _import_file(Path(target), spec, shown=target)
     else:
         try:
             module = importlib.import_module(target)
@@ -198,19 +243,22 @@ def load_backend_spec(spec: str) -> type:
     return cls
 
 
-def _import_file(path: Path, spec: str) -> Any:
+def _import_file(path: Path, spec: str, shown: str | None = None) -> Any:
+    """Import ``path`` under an internal module name; ``shown`` is the path users see."""
     if not path.is_file():
         raise BackendLoadError(f"backend file {str(path)!r} of spec {spec!r} does not exist")
     resolved = path.resolve()
     digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:12]
-    name = f"_attn_harness_spec_{resolved.stem}_{digest}"
+    name = f"{SPEC_MODULE_PREFIX}{resolved.stem}_{digest}"
     if name in sys.modules:
+        _SPEC_FILES.setdefault(name, shown or str(path))
         return sys.modules[name]
     module_spec = importlib.util.spec_from_file_location(name, resolved)
     if module_spec is None or module_spec.loader is None:
         raise BackendLoadError(f"cannot import {str(path)!r} of backend spec {spec!r}")
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module  # dataclasses and pickling look modules up by name
+    _SPEC_FILES[name] = shown or str(path)  # before running it: its errors name classes
     try:
         module_spec.loader.exec_module(module)
     except Exception as exc:
@@ -219,6 +267,66 @@ def _import_file(path: Path, spec: str) -> Any:
             f"importing {str(path)!r} of backend spec {spec!r} failed: {type(exc).__name__}: {exc}"
         ) from exc
     return module
+
+
+def backend_like_classes(module: Any, *, within: str | None = None) -> list[str]:
+    """Names of the classes in ``module`` that have the protocol's three methods.
+
+    Only classes defined in ``within`` (default: the module itself) or its
+    submodules count, so a backend the file merely imports is not offered.
+    """
+    home = within or module.__name__
+    found = []
+    for attr, value in list(vars(module).items()):  # in the order the file defines them
+        if not inspect.isclass(value) or attr.startswith("_"):
+            continue
+        defined_in = str(getattr(value, "__module__", ""))
+        if defined_in != home and not defined_in.startswith(home + "."):
+            continue
+        if not _missing_methods(value):
+            found.append(attr)
+    return found
+
+
+def _spec_hint(spec: str, kind: str, load: Callable[[], Any]) -> str:
+    """``kind`` spec ``spec`` lacks ``:Class``: say so, with the backend classes ``load()`` has."""
+    head = f"a {kind} spec needs ':Class'"
+    try:
+        classes = backend_like_classes(load())
+    except BackendLoadError as exc:
+        return f"{head}, e.g. '{spec}:MyBackend' ({exc})"
+    except Exception as exc:  # an import that fails is worth naming, not a crash
+        return f"{head}, e.g. '{spec}:MyBackend' (importing it failed: {type(exc).__name__}: {exc})"
+    if not classes:
+        methods = f"{', '.join(_PROTOCOL_METHODS[:-1])} and {_PROTOCOL_METHODS[-1]}"
+        return f"{head}, e.g. '{spec}:MyBackend'; it defines no class with {methods}"
+    return f"{head}, e.g. '{spec}:{classes[0]}'; backend classes in it: {', '.join(classes)}"
+
+
+def missing_class_hint(spec: str) -> str | None:
+    """What to say about a file or an importable module given without ``:Class``.
+
+    ``None`` when ``spec`` is neither (then it is just an unknown name).
+    """
+    if spec.endswith(".py"):
+        path = Path(spec)
+        if not path.is_file():
+            return (
+                f"backend spec {spec!r} names a file but no class, and there is no such file; "
+                f"a file spec needs ':Class', e.g. '{spec}:MyBackend'"
+            )
+        hint = _spec_hint(spec, "file", lambda: _import_file(path, spec, shown=spec))
+        return f"backend spec {spec!r} names a file but no class: {hint}"
+    if "." not in spec or not all(part.isidentifier() for part in spec.split(".")):
+        return None
+    try:
+        found = importlib.util.find_spec(spec)
+    except Exception:  # a parent package that is missing or fails to import
+        return None
+    if found is None:
+        return None
+    hint = _spec_hint(spec, "module", lambda: importlib.import_module(spec))
+    return f"{spec!r} is not a registered backend name but a module: {hint}"
 
 
 _DEFAULT = BackendRegistry()
@@ -263,7 +371,7 @@ def instantiate_backend(
             init_kwargs["dp_size"] = dp_config.dp_size
             init_kwargs["dp_rank"] = dp_config.dp_rank
         elif dp_config.dp_size > 1:
-            label = name or f"{cls.__module__}.{cls.__qualname__}"
+            label = name or class_label(cls)
             raise ValueError(
                 f"backend {label!r} is not DP-aware (its constructor takes neither "
                 f"dp_size/dp_rank nor **kwargs) and cannot serve dp_size={dp_config.dp_size}"

@@ -83,7 +83,8 @@ def test_builtins_pass_every_tiny_case_with_peer_metrics_and_raw_samples():
             assert c.prepare is None
             assert c.metrics["ratio_to_peer"] is None
         else:
-            assert c.peer == f"tiny@1/{c.case}/{PEER_NAME}"
+            assert c.peer == f"tiny@1/{c.case}::{PEER_NAME}"
+            assert c.id == f"tiny@1/{c.case}::{c.backend}"
             assert len(c.prepare.samples_ns) >= 5
             # the ratio and its interval are recomputable from the raw samples recorded
             mine, peers = c.forward.samples_ns, record.case(c.peer).forward.samples_ns
@@ -298,7 +299,7 @@ def test_cli_incorrect_backend_exits_1_and_still_saves_every_case(tmp_path, caps
 def test_cli_usage_errors_exit_2_before_running_and_write_nothing(
     tmp_path, capsys, monkeypatch, argv, message
 ):
-    monkeypatch.setattr(bench_cli, "run_benchmarks", pytest.fail)  # nothing may run
+    monkeypatch.setattr(bench, "run_benchmarks", pytest.fail)  # nothing may run
     argv = tuple(a.replace("{tmp}", str(tmp_path)) for a in argv)
     has_out = "--out" in argv
     out_args = () if has_out else ("--out", str(tmp_path / "r.json"))
@@ -320,7 +321,7 @@ def test_cli_interrupted_run_writes_nothing(tmp_path, capsys, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(bench_cli, "run_benchmarks", interrupted)
+    monkeypatch.setattr(bench, "run_benchmarks", interrupted)
     assert cli("--workload", "one", "--out", str(tmp_path / "r.json"), *QUICK) == 130
     assert "interrupted; no results written" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
@@ -364,3 +365,186 @@ def test_deadline_fires_again_when_an_alarm_is_swallowed():
     """An alarm caught by code that swallows exceptions must not lose the deadline."""
     with pytest.raises(bench.CaseTimeout):
         _swallow_first_alarm(0.05)
+
+
+def test_deadline_does_not_raise_inside_a_gc_callback(monkeypatch):
+    """An alarm landing in a gc callback is raised after it, not lost as 'unraisable'."""
+    import gc
+    import sys
+    import time
+
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    finished = []
+
+    def slow_callback(phase, info):
+        if phase == "start":
+            end = time.monotonic() + 0.3
+            while time.monotonic() < end:  # bytecode, where a signal handler runs
+                pass
+            finished.append(phase)
+
+    def collect_then_hang() -> None:
+        with bench.deadline(0.05):
+            gc.collect()  # the alarm fires while slow_callback runs
+            time.sleep(5)
+
+    gc.callbacks.append(slow_callback)
+    try:
+        with pytest.raises(bench.CaseTimeout):
+            collect_then_hang()
+    finally:
+        gc.callbacks.remove(slow_callback)
+    assert [u.exc_value for u in unraisable] == []
+    assert finished == ["start"]  # the callback ran to its end
+
+
+def test_an_alarm_handled_after_the_block_raises_nothing():
+    """An alarm due just as the block ends is handled after it: it must not raise there."""
+    import signal
+
+    with bench.deadline(60):
+        handler = signal.getsignal(signal.SIGALRM)
+    assert callable(handler)
+    handler(signal.SIGALRM, None)  # as if it had been pending when the timer was cleared
+
+
+def test_failing_backends_spend_none_of_the_timing_budget(monkeypatch):
+    timed = []
+    real = bench.measure
+
+    def counting(fn, **kwargs):
+        timed.append(fn)
+        return real(fn, **kwargs)
+
+    monkeypatch.setattr(bench, "measure", counting)
+    failing = [
+        fx.ScaledOutputBackend,
+        fx.RejectsBackend,
+        fx.RefusesBackend,
+        fx.WrongShapeBackend,
+        fx.WrongWithoutValidationBackend,
+    ]
+    record = run_benchmarks([entry(cls) for cls in failing], [ONE], CONFIG)
+    assert len(timed) == 1  # the peer's forward, nothing else
+    for c in record.cases:
+        if c.role == "backend":
+            assert c.status != "PASSED"
+            assert (c.forward, c.prepare, c.metrics) == (None, None, None)
+
+
+def test_file_spec_ids_have_no_double_slash_and_name_the_file(tmp_path):
+    spec = f"{FIXTURES}:ScaledOutputBackend"
+    record = run_benchmarks([registry.default_registry().resolve(spec)], [ONE], CONFIG)
+    (c,) = by_backend(record, spec)
+    assert c.id == f"one@2/decode::{spec}"
+    assert c.peer == f"one@2/decode::{PEER_NAME}"
+    assert c.backend_class == f"{FIXTURES}:ScaledOutputBackend"  # not its internal module
+    assert all("//" not in r.id for r in record.cases)
+    assert load_results(bench_cli_save(record, tmp_path)).case(c.id).backend == spec
+
+
+def bench_cli_save(record, tmp_path):
+    from harness.results import save_results
+
+    return save_results(record, tmp_path / "r.json")
+
+
+def test_results_with_old_slash_ids_still_load_and_render(tmp_path):
+    record = run_benchmarks([entry(SdpaBackend, "sdpa")], [ONE], CONFIG)
+    for c in record.cases:  # ids as files written before '::' have them
+        c.id = c.id.replace("::", "/")
+        c.peer = c.peer and c.peer.replace("::", "/")
+    loaded = load_results(bench_cli_save(record, tmp_path))
+    (mine,) = by_backend(loaded, "sdpa")
+    assert mine.peer == f"one@2/decode/{PEER_NAME}"
+    assert loaded.case(mine.peer).role == "peer"
+    assert "PASSED" in bench_cli.render(loaded).splitlines()[4]
+
+
+def _bench_parser() -> argparse.ArgumentParser:
+    parser = bench_cli.build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return sub.choices["bench"]
+
+
+def test_every_bench_option_says_what_it_does_and_its_default(capsys):
+    for action in _bench_parser()._actions:
+        if action.dest == "help":
+            continue
+        assert action.help, action.option_strings
+        assert len(action.help) > 30, action.option_strings
+        assert "default: " in action.help, action.option_strings
+    with pytest.raises(SystemExit):
+        bench_cli.main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--min-samples N timed forward calls" in text
+    assert "(default: 5)" in text
+    assert "--max-samples N most timed forward calls" in text
+    assert "(default: 100)" in text
+
+
+def test_help_defaults_are_the_librarys():
+    from harness.timing import TimingConfig
+    from harness.workloads import DEFAULT_WORKLOADS
+
+    defaults = TimingConfig()
+    assert bench_cli.DEFAULT_WORKLOAD_NAMES == DEFAULT_WORKLOADS
+    spelled_out = (
+        bench_cli.DEFAULT_MIN_SAMPLES,
+        bench_cli.DEFAULT_MAX_SAMPLES,
+        bench_cli.DEFAULT_BUDGET_S,
+        bench_cli.DEFAULT_TARGET_CI,
+        bench_cli.DEFAULT_TIMEOUT_S,
+    )
+    library = (
+        defaults.min_samples,
+        defaults.max_samples,
+        defaults.budget_s,
+        defaults.target_rel_ci,
+        BenchConfig().case_timeout_s,
+    )
+    assert spelled_out == library
+    args = _bench_parser().parse_args([])
+    assert (args.min_samples, args.max_samples) == (defaults.min_samples, defaults.max_samples)
+
+
+def test_bench_cli_builds_its_parser_without_torch():
+    """``attn-harness --help`` must not wait for torch on bench's account.
+
+    ``harness/__init__.py`` imports torch itself, so the package is stubbed
+    here: what is measured is bench_cli's own imports.
+    """
+    import subprocess
+    import sys
+    import textwrap
+
+    package = Path(bench_cli.__file__).parent
+    code = textwrap.dedent(
+        f"""
+        import sys, types
+        stub = types.ModuleType("harness")
+        stub.__path__ = [{str(package)!r}]
+        sys.modules["harness"] = stub
+        import harness.bench_cli as bench_cli
+        parser = bench_cli.build_parser()
+        parser.parse_args(["bench", "--workload", "decode-sweep", "--max-samples", "9"])
+        parser.format_help()
+        print(sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "harness")))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['harness', 'harness.bench_cli']"
+
+
+def test_cli_file_spec_without_class_says_so_and_names_its_backends(capsys, monkeypatch):
+    monkeypatch.setattr(bench, "run_benchmarks", pytest.fail)
+    assert cli("--backend", str(FIXTURES), "--workload", "one") == 2
+    err = capsys.readouterr().err
+    assert "Unknown attention backend" not in err
+    assert "a file spec needs ':Class'" in err
+    assert f"e.g. '{FIXTURES}:ScaledOutputBackend'" in err
+    classes = err.split("backend classes in it: ")[1].strip().split(", ")
+    assert {"SlowBackend", "ZerosBackend", "NonDPBackend"} <= set(classes)
+    assert "SdpaBackend" not in classes  # imported there, not defined

@@ -130,7 +130,7 @@ def test_list_file_spec_has_spec_origin(capsys: pytest.CaptureFixture[str]) -> N
     assert entry["name"] == spec
     assert entry["origin"] == "spec"
     assert entry["dtypes"] == ["float32"]
-    assert entry["class"].endswith(".FileBackend")
+    assert entry["class"] == f"{FILE_BACKEND}:FileBackend"
 
 
 def test_list_relative_file_spec_table(

@@ -44,6 +44,23 @@ def test_crash_keeps_its_first_line_and_drops_the_traceback():
     assert scenario == "dp 1/2 per_rank, float16"
 
 
+def test_a_refusal_inside_the_claim_keeps_the_claim_next_to_the_draw():
+    refusal = PropertyFailure(
+        "backend 'x' raised Unsupported for a step inside its declared capabilities: no fp16\n"
+        "  claimed vs drawn: dtype float16 (claims float32, float16)\n"
+        "  A backend that cannot do something declares it in capabilities()\n"
+        "  scenario: dp 0/1 shared, float16"
+    )
+    detail, scenario = failure_text(refusal)
+    assert detail.splitlines() == [
+        "backend 'x' raised Unsupported for a step inside its declared capabilities: no fp16",
+        "claimed vs drawn: dtype float16 (claims float32, float16)",
+    ]
+    lines = failure_lines(Failure("x", "test_y[x]", detail, scenario, "cmd"))
+    assert lines[1] == "       claimed vs drawn: dtype float16 (claims float32, float16)"
+    assert lines[2] == "       scenario: dp 0/1 shared, float16"
+
+
 def test_other_exceptions_are_named():
     assert failure_text(RuntimeError("no kernel")) == ("RuntimeError: no kernel", "")
     assert failure_text(RuntimeError()) == ("RuntimeError", "")

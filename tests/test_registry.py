@@ -770,3 +770,105 @@ def test_unsupported_reason_names_the_dimension(case: dict, expected: str) -> No
     assert reason is not None
     assert reason.startswith("unsupported ")
     assert expected in reason
+
+
+# -- specs without ':Class', and how classes from files are named -------------------
+
+
+def test_file_spec_without_class_says_it_needs_one_and_names_the_backends() -> None:
+    with pytest.raises(BackendLoadError) as info:
+        BackendRegistry().resolve(str(FILE_BACKEND))
+    message = str(info.value)
+    assert "Unknown attention backend" not in message
+    assert "a file spec needs ':Class'" in message
+    assert f"e.g. '{FILE_BACKEND}:FileBackend'" in message
+    # NotABackend has no forward; ReferenceBackend is imported there, not defined
+    assert message.endswith("backend classes in it: FileBackend")
+
+
+def test_file_spec_without_class_and_without_backends(tmp_path: Path) -> None:
+    plain = tmp_path / "plain.py"
+    plain.write_text("class Helper:\n    def prepare(self): pass\n")
+    with pytest.raises(BackendLoadError, match="needs ':Class'") as info:
+        get_backend(str(plain))
+    assert "defines no class with bind_kv_caches, prepare and forward" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        (FIXTURES / "no_such_file.py", "no such file"),
+        (BROKEN_BACKEND, "broken_backend fixture exploded"),
+    ],
+)
+def test_file_spec_without_class_that_cannot_be_loaded(path: Path, expected: str) -> None:
+    with pytest.raises(BackendLoadError, match="':Class'") as info:
+        BackendRegistry().resolve(str(path))
+    assert expected in str(info.value)
+
+
+def test_module_spec_without_class_gets_the_same_hint() -> None:
+    with pytest.raises(BackendLoadError) as info:
+        BackendRegistry().resolve("reference_backends.reference")
+    message = str(info.value)
+    assert "a module spec needs ':Class'" in message
+    assert "e.g. 'reference_backends.reference:ReferenceBackend'" in message
+    assert message.endswith("backend classes in it: ReferenceBackend")
+
+
+@pytest.mark.parametrize("name", ["nope", "no_such_pkg_xyz.mod", "reference_backends.nope"])
+def test_a_name_that_is_no_file_or_module_is_still_unknown(name: str) -> None:
+    with pytest.raises(KeyError) as info:
+        BackendRegistry().resolve(name)
+    message = info.value.args[0]
+    assert f"Unknown attention backend '{name}'" in message
+    assert "Available: reference, sdpa" in message
+    assert "'path/to/file.py:Class'" in message
+
+
+def test_class_label_names_a_file_class_by_its_path() -> None:
+    spec = f"{FILE_BACKEND}:FileBackend"
+    entry = BackendRegistry().resolve(spec)
+    assert registry.class_label(entry) == spec
+    assert registry.class_label(entry.cls) == spec
+    assert entry.class_label == spec
+    assert SPEC_MODULE_PREFIX not in entry.class_label
+    reference = BackendRegistry().entry("reference")
+    assert reference.class_label == "reference_backends.reference.ReferenceBackend"
+
+
+def test_class_label_keeps_a_relative_path_as_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO_ROOT)
+    cls = load_backend_spec("tests/fixtures/file_backend.py:FileBackend")
+    assert registry.class_label(cls) == "tests/fixtures/file_backend.py:FileBackend"
+
+
+def test_protocol_error_of_a_file_class_names_the_file_not_a_module() -> None:
+    spec = f"{FILE_BACKEND}:NotABackend"
+    with pytest.raises(BackendLoadError) as info:
+        load_backend_spec(spec)
+    message = str(info.value)
+    assert SPEC_MODULE_PREFIX not in message
+    assert f"{FILE_BACKEND}:NotABackend does not satisfy the AttentionBackend protocol" in message
+
+
+def test_other_messages_name_a_file_class_by_its_path() -> None:
+    cls = load_backend_spec(f"{FILE_BACKEND}:FileBackend")
+    reg = BackendRegistry()
+    reg.register("mine", cls)
+    with pytest.raises(ValueError, match="already registered") as duplicate:
+        reg.register("mine", KwargsDP)
+    assert f"registered: {FILE_BACKEND}:FileBackend" in str(duplicate.value)
+    with pytest.raises(ValueError, match="not DP-aware") as not_dp:
+        instantiate_backend(_non_dp_subclass(cls), **ARGS, dp_config=DPBackendConfig(2, 0))
+    assert SPEC_MODULE_PREFIX not in str(not_dp.value)
+    assert f"{FILE_BACKEND}:FileBackend" in str(not_dp.value)
+
+
+def _non_dp_subclass(cls: type) -> type:
+    """A non-DP subclass that keeps the file class's module (and so its label)."""
+
+    def __init__(self, *, num_heads, num_kv_heads, head_dim, scale):  # noqa: N807
+        pass
+
+    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__})

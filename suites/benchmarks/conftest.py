@@ -39,7 +39,7 @@ from harness.bench import (
 from harness.ceilings import RunCeilings, run_ceilings
 from harness.environment import fingerprint
 from harness.peer import PEER_CLASS, PEER_NAME, ContiguousPeer
-from harness.registry import default_registry
+from harness.registry import class_label, default_registry
 from harness.results import CaseRecord, TimingRecord
 from harness.timing import CacheFlusher, HostClock, TimingConfig, measure, stamp_timer
 from harness.workloads import CaseSpec, Workload, get_workload
@@ -328,7 +328,7 @@ def bench_run(
             case,
             entry.name,
             verdict,
-            backend_class=f"{entry.cls.__module__}.{entry.cls.__qualname__}",
+            backend_class=class_label(entry),
             forward=forward,
             prepare=prepare,
             peer=peer.id,
