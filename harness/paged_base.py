@@ -105,6 +105,11 @@ class PagedBackendBase:
         dp_rank: int = 0,
         validate: bool = True,
     ) -> None:
+        if type(self).attend is PagedBackendBase.attend:
+            raise TypeError(
+                f"{type(self).__name__} does not implement attend(query, cache, step): a "
+                "PagedBackendBase subclass computes its attention there"
+            )
         validate_backend_args(
             num_heads=num_heads,
             num_kv_heads=num_kv_heads,
@@ -206,7 +211,10 @@ class PagedBackendBase:
 
     def attend(self, query: torch.Tensor, cache: LayerCache, step: PreparedStep) -> torch.Tensor:
         """Attention for every query token over ``cache``, whose new K/V are written."""
-        raise NotImplementedError
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement attend(query, cache, step), the attention "
+            "PagedBackendBase.forward calls after writing the new K/V"
+        )
 
     # -- helpers ----------------------------------------------------------
 

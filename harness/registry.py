@@ -13,11 +13,13 @@ package cannot break it.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import importlib.util
 import inspect
 import sys
+import traceback
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -234,6 +236,7 @@ def load_backend_spec(spec: str) -> type:
     except AttributeError as exc:
         raise BackendLoadError(
             f"module {target!r} has no attribute {attr!r} (backend spec {spec!r})"
+            + _class_suggestion(module, attr)
         ) from exc
     try:
         cls = check_backend_class(obj)
@@ -264,9 +267,31 @@ def _import_file(path: Path, spec: str, shown: str | None = None) -> Any:
     except Exception as exc:
         del sys.modules[name]
         raise BackendLoadError(
-            f"importing {str(path)!r} of backend spec {spec!r} failed: {type(exc).__name__}: {exc}"
+            f"importing {str(path)!r} of backend spec {spec!r} failed: {type(exc).__name__}: "
+            f"{exc}{_raised_at(exc, resolved)}"
         ) from exc
     return module
+
+
+def _raised_at(exc: BaseException, path: Path) -> str:
+    """`` (at FILE:LINE)``: the last line of the backend's file the error passed through."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
+    if not frames:
+        return ""
+    return f" (at {frames[-1].filename}:{frames[-1].lineno}: {frames[-1].line})"
+
+
+def _class_suggestion(module: Any, attr: str) -> str:
+    """``; did you mean 'X'? backend classes in it: ...`` for a misspelt class name."""
+    try:
+        classes = backend_like_classes(module)
+    except Exception:  # naming the classes is a courtesy; never fail because of it
+        return ""
+    if not classes:
+        return ""
+    close = difflib.get_close_matches(attr, classes, n=1)
+    guess = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{guess} backend classes in it: {', '.join(classes)}"
 
 
 def backend_like_classes(module: Any, *, within: str | None = None) -> list[str]:

@@ -640,3 +640,14 @@ def test_capabilities_override_of_the_wrong_type_is_still_reported():
 
     with pytest.raises(TypeError, match=r"Wrong\.capabilities\(\) returned dict"):
         capabilities_of(Wrong)
+
+
+def test_a_subclass_without_attend_is_refused_when_built():
+    class Forgot(PagedBackendBase):
+        def attention(self, query, cache, step):  # misnamed: attend is the hook
+            return query
+
+    with pytest.raises(TypeError, match=r"Forgot does not implement attend\(query, cache, step\)"):
+        Forgot(num_heads=1, num_kv_heads=1, head_dim=8, scale=0.3)
+    with pytest.raises(TypeError, match="does not implement attend"):
+        PagedBackendBase(num_heads=1, num_kv_heads=1, head_dim=8, scale=0.3)

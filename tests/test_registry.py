@@ -872,3 +872,18 @@ def _non_dp_subclass(cls: type) -> type:
         pass
 
     return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__})
+
+
+def test_an_import_error_names_the_line_of_the_backend_file(tmp_path):
+    path = tmp_path / "broken_at_line_3.py"
+    path.write_text("import os\n\nvalue = [1, 2, 3][5]\n")
+    with pytest.raises(BackendLoadError) as info:
+        load_backend_spec(f"{path}:Whatever")
+    assert "IndexError: list index out of range" in str(info.value)
+    assert f"(at {path}:3: value = [1, 2, 3][5])" in str(info.value)
+
+
+def test_a_misspelt_class_gets_a_suggestion():
+    path = Path(__file__).resolve().parent / "fixtures" / "file_backend.py"
+    with pytest.raises(BackendLoadError, match="did you mean 'FileBackend'"):
+        load_backend_spec(f"{path}:FileBakend")

@@ -3,12 +3,14 @@ a backend's claim, and skipping what a backend declares it cannot do."""
 
 from __future__ import annotations
 
+import os
 import traceback
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import pytest
+import torch
 from hypothesis import strategies as st
 
 from attn_harness_pytest import (
@@ -43,6 +45,20 @@ keep_hypothesis_files_out_of_the_working_directory()
 PROFILE = current_profile()
 """The ``--conformance-profile``: its settings decorate every test, its budget sizes draws."""
 DEVICE = current_device()
+
+
+def _one_cpu_thread() -> None:
+    """Run torch on one thread for the CPU cases, unless ``OMP_NUM_THREADS`` says otherwise.
+
+    Conformance steps are small: intra-op threads save little on them, and on
+    a machine whose cores are busy they oversubscribe it, which can make a
+    run several times slower.
+    """
+    if DEVICE == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
+
+
+_one_cpu_thread()
 conformance_settings = PROFILE.settings
 
 
