@@ -11,7 +11,7 @@ import contextlib
 import json
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from harness.bench_cli import add_bench_command
 
@@ -119,6 +119,27 @@ def cmd_list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+SHOWN_FAILURES = 10
+"""Failing cases ``check`` prints without ``-v``: enough to see a pattern, not a flood."""
+
+
+def _case_lines(backend: str, results: list[Any], verbose: bool) -> list[str]:
+    """One line per case; without ``verbose``, one per distinct error, the first few only."""
+    if verbose:
+        return [f"{r.status:11} {backend}: {r.case}: {r.detail}" for r in results]
+    lines: list[str] = []
+    by_detail: dict[str, list[Any]] = {}
+    for r in results:
+        by_detail.setdefault(r.detail, []).append(r)
+    for detail, same in list(by_detail.items())[:SHOWN_FAILURES]:
+        more = f" (and {len(same) - 1} more cases the same)" if len(same) > 1 else ""
+        lines.append(f"{same[0].status:11} {backend}: {same[0].case}: {detail}{more}")
+    hidden = sum(len(same) for same in list(by_detail.values())[SHOWN_FAILURES:])
+    if hidden:
+        lines.append(f"... and {hidden} more failing cases (-v prints every case)")
+    return lines
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from harness.quick_check import quick_coverage, run_quick_check
 
@@ -127,7 +148,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     covered: list[str] = []
     any_bad = False
     for entry in entries:
-        results = run_quick_check(entry)
+        with contextlib.redirect_stdout(sys.stderr):  # a backend's prints stay out of the table
+            results = run_quick_check(entry)
         with contextlib.suppress(TypeError):  # a bad capabilities() is an ERROR case already
             covered.append(
                 f"checked ({entry.name}): {quick_coverage(entry.capabilities).describe()}"
@@ -137,9 +159,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             for s in ("PASSED", "FAILED", "ERROR", "UNSUPPORTED")
         }
         bad = [r for r in results if r.status in ("FAILED", "ERROR")]
-        if args.verbose or bad:
-            for r in results if args.verbose else bad:
-                print(f"{r.status:11} {entry.name}: {r.case}: {r.detail}")
+        for line in _case_lines(entry.name, results if args.verbose else bad, args.verbose):
+            print(line)
         nothing = counts["PASSED"] == 0
         any_bad = any_bad or bool(bad) or nothing
         shown = bad[0].case if bad else ("nothing could be checked" if nothing else "-")

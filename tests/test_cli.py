@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 import harness.registry as registry
-from harness.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
+from harness.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, SHOWN_FAILURES, main
 from harness.registry import BackendRegistry
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -234,9 +234,11 @@ def test_check_wrong_backend_fails(cls_name: str, capsys: pytest.CaptureFixture[
     out = capsys.readouterr().out
     failed = [line for line in out.splitlines() if line.startswith("FAILED ")]
     assert failed
+    assert len(failed) <= SHOWN_FAILURES  # the first few; -v prints every case
     assert all(f" {spec}: " in line for line in failed)
     assert out.rstrip().endswith("quick check: FAILED")
-    assert int(_rows(out)[spec][2]) == len(failed)
+    assert int(_rows(out)[spec][2]) > len(failed)
+    assert "more failing cases (-v prints every case)" in out
 
 
 def test_check_no_causal_mask_passes_decode_only(capsys: pytest.CaptureFixture[str]) -> None:
@@ -252,8 +254,9 @@ def test_check_crashing_constructor_reports_errors(capsys: pytest.CaptureFixture
     assert main(["check", "--backend", spec]) == EXIT_FAILED
     captured = capsys.readouterr()
     errors = [line for line in captured.out.splitlines() if line.startswith("ERROR ")]
-    assert len(errors) == 72
-    assert all("RuntimeError: CrashingBackend refuses to be constructed" in e for e in errors)
+    assert len(errors) == 1  # one line per distinct error
+    assert "RuntimeError: CrashingBackend refuses to be constructed" in errors[0]
+    assert errors[0].endswith("(and 71 more cases the same)")
     assert "Traceback" not in captured.out + captured.err
     assert _rows(captured.out)[spec][1:4] == ["0", "0", "72"]
     assert "quick check: FAILED" in captured.out
@@ -350,8 +353,8 @@ def test_check_names_modified_inputs(
     assert main(["check", "--backend", spec]) == EXIT_FAILED
     out = capsys.readouterr().out
     failed = [line for line in out.splitlines() if line.startswith("FAILED ")]
-    assert len(failed) == 72
-    assert all(line.endswith(f": {cause}") for line in failed), failed[0]
+    assert len(failed) == 1
+    assert failed[0].endswith(f": {cause} (and 71 more cases the same)"), failed[0]
     assert "error" not in out.replace("errors", "")  # no oracle comparison was reported
     assert _rows(out)[spec][1:4] == ["0", "72", "0"]
 
@@ -408,3 +411,18 @@ def test_python_m_harness_list_runs() -> None:
     rows = _rows(result.stdout)
     assert rows["reference"][1] == "built-in"
     assert rows["sdpa"][1] == "built-in"
+
+
+def test_check_prints_each_distinct_error_once_and_only_the_first_few() -> None:
+    from harness.cli import _case_lines
+    from harness.quick_check import CaseResult
+
+    same = [CaseResult("b", f"case {i}", "ERROR", "RuntimeError: boom") for i in range(5)]
+    assert _case_lines("b", same, verbose=False) == [
+        "ERROR       b: case 0: RuntimeError: boom (and 4 more cases the same)"
+    ]
+    distinct = [CaseResult("b", f"case {i}", "FAILED", f"error {i}") for i in range(25)]
+    lines = _case_lines("b", distinct, verbose=False)
+    assert len(lines) == SHOWN_FAILURES + 1
+    assert lines[-1] == "... and 15 more failing cases (-v prints every case)"
+    assert len(_case_lines("b", distinct, verbose=True)) == 25
