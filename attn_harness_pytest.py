@@ -188,6 +188,15 @@ def _install_compact_reporter(config: pytest.Config) -> None:
     _STATE["reporter"] = reporter
 
 
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Under pytest's own report: which profile applies (hypothesis's header says 'default')."""
+    specs = config.getoption("backend") or ["every registered backend"]
+    return [
+        f"attn-harness: profile {_STATE['profile']} (its settings decorate each conformance "
+        f"test), device {_STATE['device']}, backends: {', '.join(specs)}"
+    ]
+
+
 def _parse_replay(value: str | None) -> tuple[str, str | None, bytes | None] | None:
     if not value:
         return None
@@ -337,8 +346,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not kept:
         names = sorted(item.name for item in items if _is_conformance(item))[:5]
         raise pytest.UsageError(
-            f"--replay: no conformance test named {test!r} among the selected backends "
-            f"(for example: {', '.join(names) or 'none collected'})"
+            f"--replay: no conformance test named {test!r} among the selected backends; it "
+            "takes TEST@VERSION:BLOB as a failure entry prints it, or a test's name "
+            f"(for example: {', '.join(names[:2]) or 'none collected'})"
         )
     config.hook.pytest_deselected(items=[item for item in items if item.name != test])
     items[:] = kept
@@ -526,15 +536,21 @@ def _coverage_lines(full: bool) -> list[str]:
         if full:
             lines += [""] + [f"attn-harness {line}" if line[0] != " " else line for line in table]
             continue
-        gaps = log.backends[name].missing(wanted)
-        promise = (
-            "every value it claims and the profile promises was checked"
-            if wanted and not gaps
-            else "not held to the profile's promise (part of the suite ran)"
-            if not wanted
-            else f"{len(gaps)} promised value(s) never checked (below)"
-        )
-        lines.append(f"attn-harness {table[0].split(' (')[0]}; {promise}")
+        cover = log.backends[name]
+        gaps = cover.missing(wanted)
+        if wanted:
+            promise = (
+                f"{len(gaps)} promised value(s) never checked (below)"
+                if gaps
+                else "every promised value checked"
+            )
+        elif not (name in entries and _whole_suite_ran(name)):
+            promise = "not required (part of the suite ran)"
+        else:
+            promise = f"not required by the {_STATE['profile']} profile"
+        steps = sum(cover.totals()["dtype"].values())
+        held = f"{sum(cover.examples.values())} examples held, {steps} rank-steps"
+        lines.append(f"attn-harness coverage of {name!r}: {held}; {promise}")
     examples = _STATE["examples"]
     if examples is not None and examples < get_default_examples():
         lines.append(

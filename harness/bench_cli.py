@@ -13,6 +13,7 @@ parser; ``main(argv)`` runs it standalone (``python -m harness.bench_cli``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -471,7 +472,8 @@ def _check_usage(args: argparse.Namespace) -> tuple[list[BackendEntry], list[Wor
         raise UsageError(exc.args[0]) from None
     registry = default_registry()
     try:
-        backends = [registry.resolve(s) for s in args.backend] if args.backend else None
+        with contextlib.redirect_stdout(sys.stderr):  # a chatty module keeps the table clean
+            backends = [registry.resolve(s) for s in args.backend] if args.backend else None
     except KeyError as exc:
         raise UsageError(exc.args[0]) from None
     except BackendLoadError as exc:
@@ -531,13 +533,14 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str] | None = None) -> in
         return EXIT_USAGE
     progress = Progress(enabled=not args.no_progress)
     try:
-        record = bench.run_benchmarks(
-            backends,
-            workloads,
-            config,
-            progress=progress,
-            command=list(argv) if argv is not None else sys.argv,
-        )
+        with contextlib.redirect_stdout(sys.stderr):  # a backend's prints stay out of the table
+            record = bench.run_benchmarks(
+                backends,
+                workloads,
+                config,
+                progress=progress,
+                command=list(argv) if argv is not None else sys.argv,
+            )
     except KeyboardInterrupt:
         print("\nattn-harness bench: interrupted; no results written", file=sys.stderr)
         return 130

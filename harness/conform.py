@@ -60,7 +60,7 @@ def pytest_arguments(
         "ignore::pytest.PytestAssertRewriteWarning",
         str(root / "suites" / "conformance"),  # a path, so no conftest.py of the cwd loads
         "-c",
-        os.devnull,  # no configuration file of the caller's
+        str(root / "suites" / "conformance" / "isolated.ini"),  # none of the caller's
         "--rootdir",
         str(root),
         "--confcutdir",
@@ -217,6 +217,11 @@ def run_conformance(
     user_plugins: bool = False,
 ) -> int:
     problem = usage_problem(specs, profile, device)
+    if problem is None and junitxml:
+        from harness.results import check_writable
+
+        unwritable = check_writable(junitxml)
+        problem = f"--junitxml {junitxml}: {unwritable}" if unwritable else None
     if problem is not None:
         print(f"attn-harness conform: error: {problem}", file=sys.stderr)
         return EXIT_USAGE

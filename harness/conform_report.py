@@ -217,12 +217,12 @@ class LiveLine:
             SpinnerColumn(),
             TextColumn("[{task.completed}/{task.total}]"),
             TextColumn("{task.description}"),
-            TextColumn("{task.fields[examples]} examples held"),
+            TextColumn("{task.fields[examples]} held"),
             TimeElapsedColumn(),
             console=console,
             transient=True,
         )
-        self._task = self._progress.add_task("collecting", total=None, examples=0)
+        self._task = self._progress.add_task("starting", total=0, examples=0)
         self._progress.start()
 
     def start_test(self, done: int, total: int, label: str) -> None:
@@ -262,6 +262,9 @@ class CompactReporter:
         self.started = time.monotonic()
         self.errors: list[str] = []
         self.interrupted: str | None = None
+        self.backends: list[str] = []
+        self.functions = 0
+        self.header_printed = False
         self.out = sys.stdout
 
     def write(self, line: str = "") -> None:
@@ -276,25 +279,35 @@ class CompactReporter:
 
     def pytest_collection_finish(self, session: Any) -> None:
         self.total = len(session.items)
-        backends: list[str] = []
+        self.backends = []
         for item in session.items:
             callspec = getattr(item, "callspec", None)
             entry = callspec.params.get("backend_entry") if callspec is not None else None
-            if entry is not None and entry.name not in backends:
-                backends.append(entry.name)
-        functions = {getattr(item, "originalname", item.name) for item in session.items}
+            if entry is not None and entry.name not in self.backends:
+                self.backends.append(entry.name)
+        self.functions = len({getattr(i, "originalname", i.name) for i in session.items})
+
+    def header(self) -> None:
+        """What runs, printed once the run starts (a usage error prints none)."""
+        if self.header_printed:
+            return
+        self.header_printed = True
         option = self.config.option
+        threads = ""
+        if option.conformance_device == "cpu" and "torch" in sys.modules:
+            threads = f" · torch threads {sys.modules['torch'].get_num_threads()}"
         self.write(
-            f"attn-harness conform: {', '.join(backends) or 'no backend'} · "
-            f"{_plural(len(functions), 'property', 'properties')}, "
-            f"{_plural(self.total, 'test')} · profile "
-            f"{option.conformance_profile} · device {option.conformance_device}"
+            f"attn-harness conform: {', '.join(self.backends) or 'no backend'} · "
+            f"{_plural(self.functions, 'property', 'properties')}, "
+            f"{_plural(self.total, 'test')} · profile {option.conformance_profile} · "
+            f"device {option.conformance_device}{threads}"
         )
-        self.live = LiveLine()
 
     def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
-        if self.live is not None:
-            self.live.start_test(self.done, self.total, nodeid.rpartition("::")[2])
+        if self.live is None:
+            self.header()
+            self.live = LiveLine()
+        self.live.start_test(self.done, self.total, nodeid.rpartition("::")[2])
 
     def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
         self.done += 1
@@ -317,8 +330,9 @@ class CompactReporter:
         if exitstatus == pytest.ExitCode.USAGE_ERROR:
             return  # the caller prints the usage error; there is no verdict
         if self.interrupted:
-            self.write(f"attn-harness conform: {self.interrupted}")
+            print(f"attn-harness conform: {self.interrupted}", file=sys.stderr, flush=True)
             return
+        self.header()
         for error in self.errors:
             self.write(f"attn-harness conform: error: {error}")
         for line in self.summary(time.monotonic() - self.started):

@@ -23,6 +23,9 @@ from harness.oracle import OracleOutput, SequenceKV, naive_attention, oracle_att
 from harness.registry import BackendEntry, DPBackendConfig, instantiate_backend
 from harness.tolerance import Comparison, compare
 
+MAX_ROWS_SHOWN = 8
+"""Rows ``Scenario.describe`` writes out; past it, the first four, the last two and a count."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Scenario:
@@ -72,9 +75,10 @@ class Scenario:
 
     def describe(self) -> str:
         """A one-line summary for failure reports."""
-        rows = ", ".join(
-            f"{q}/{c}" for c, q in zip(self.context_lens, self.query_lens, strict=True)
-        )
+        cells = [f"{q}/{c}" for c, q in zip(self.context_lens, self.query_lens, strict=True)]
+        if len(cells) > MAX_ROWS_SHOWN:  # 64+ sequences: the ends and a count, not a screenful
+            cells = [*cells[:4], f"... {len(cells) - 6} more ...", *cells[-2:]]
+        rows = ", ".join(cells)
         extras = [
             name
             for name, on in (
