@@ -1,4 +1,4 @@
-"""Developer and CI sessions. Every install goes through constraints.txt (CPU torch)."""
+"""Developer and CI sessions. Every install goes through constraints.txt (the pinned torch)."""
 
 from __future__ import annotations
 
