@@ -392,8 +392,8 @@ def render(record: RunRecord) -> str:
     overhead = record.timing.get("overhead") or {}
     lines.extend(
         _wrap(
-            f"timing: {record.timing['clock']}, {record.timing['threads']} threads, cold cache "
-            f"{'on' if record.timing['cold_cache'] else 'off'}, timer overhead "
+            f"timing: {record.timing['clock']}, torch threads {record.timing['threads']}, "
+            f"cold cache {'on' if record.timing['cold_cache'] else 'off'}, timer overhead "
             f"{format_ns(overhead.get('median_ns'))} (empty call)"
         )
     )
