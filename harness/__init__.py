@@ -4,6 +4,9 @@ The names below are the public API; everything else is
 reachable through its module. They load on first use (PEP 562), so
 importing ``harness`` (as the ``attn-harness`` command does before parsing
 its arguments) does not import torch.
+
+User documentation: ``docs/`` in the repository (``docs/README.md`` is the
+index); a backend author starts at ``docs/write-a-backend.md``.
 """
 
 from __future__ import annotations

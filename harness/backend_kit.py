@@ -24,6 +24,9 @@ page_size + offset``, local to the bound tensors) on any strided cache view.
 
 Cache memory outside the sequences is unspecified; the conformance suite
 fills it with NaN, so a kernel that reads past a sequence's end returns NaN.
+
+``docs/write-a-backend.md`` builds a backend on this kit step by step;
+``docs/contract.md`` states every rule it enforces.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """The benchmark runner: check every case against the oracle, then time it, beside its peer.
 
+How it measures, for users: ``docs/benchmarks.md``.
+
 For each workload case the runner builds the step once (``harness.scenario``):
 one ``StepInputs`` shared by the peer and every backend, so the float64 oracle
 and the naive output are computed once per case (``StepInputs.reference``

@@ -9,7 +9,8 @@ The run is isolated from the caller's pytest set-up: no ``pytest.ini`` /
 the current folder. Exit codes: 0 every property held; 1 a property failed,
 nothing could be checked, or a backend cannot even be built; 2 a usage error
 (a spec that cannot be loaded, an unknown profile or pytest option); 130
-interrupted (no report file is left behind).
+interrupted (no report file is left behind). How the verdict is reached:
+``docs/conformance.md``.
 """
 
 from __future__ import annotations

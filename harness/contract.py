@@ -1,6 +1,8 @@
 """The backend contract: the public API outside backends are written against.
 
 Names and field meanings here are normative; new fields only with defaults.
+The backend author's reference, field by field and rule by rule, is
+``docs/contract.md`` in the repository.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The versioned results file: typed records, atomic save, strict load.
 
-``results_schema.json`` beside this module is the documented format.
+``results_schema.json`` beside this module is the format; ``docs/results-schema.md``
+explains each field.
 ``save_results`` serialises and validates in memory first,
 then writes a temporary file in the target's folder and renames it over the
 target, so a failure at any point leaves either the old file or none, never
