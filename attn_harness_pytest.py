@@ -582,13 +582,14 @@ def _problem_lines() -> list[str]:
 
 def _verdict_lines() -> list[str]:
     """The verdict table (backend x property) and one entry per failure."""
-    from harness.conform_report import failure_lines, render_table, verdict_rows
+    from harness.conform_report import failure_lines, verdict_rows
+    from harness.text_table import aligned
 
     verdicts = _STATE["verdicts"]
     if verdicts is None or not verdicts.outcomes:
         return []
     examples = {name: cover.examples for name, cover in coverage_log().backends.items()}
-    lines = ["", *render_table(verdict_rows(verdicts, examples))]
+    lines = ["", *aligned(verdict_rows(verdicts, examples))]
     if verdicts.failures:
         lines.append("")
     for failure in verdicts.failures:

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from harness.text_table import aligned
+
 # Only the standard library at import time: ``attn-harness --help`` builds this
 # parser, and torch (which every module running a benchmark imports) takes seconds
 # to load. Those modules are imported inside ``cmd_bench`` and the renderers.
@@ -212,20 +214,6 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1%}"
 
 
-def _table(rows: list[list[str]]) -> str:
-    """Aligned columns; a row of one cell is a heading line, outside the column widths."""
-    cells = [row for row in rows if len(row) > 1]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
-    lines = [
-        row[0]
-        if len(row) == 1
-        else "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 def short_backend_names(names: Sequence[str], width: int = BACKEND_WIDTH) -> dict[str, str]:
     """Name -> what the table shows, at most ``width`` characters.
 
@@ -357,7 +345,7 @@ def render(record: RunRecord) -> str:
         rows.append(_row(case, names[case.backend], numbers))
         if case.error and case.status != "PASSED":
             details.append(f"{case.status}: {where}: {case.error}")
-    lines = [_table(rows), ""]
+    lines = [*aligned(rows), ""]
     for text in details:
         lines.extend(_wrap(text))
     if notes:
@@ -418,7 +406,7 @@ def render_workloads(workloads: list[Workload]) -> str:
                 w.description,
             ]
         )
-    return _table(rows)
+    return "\n".join(aligned(rows))
 
 
 class Progress:

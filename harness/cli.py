@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from harness.bench_cli import add_bench_command
+from harness.text_table import aligned
 
 if TYPE_CHECKING:
     from harness.registry import BackendEntry
@@ -56,16 +57,6 @@ def _describe(entry: BackendEntry) -> dict[str, object]:
         "non_causal": caps.non_causal,
         "max_dp_size": _any(caps.max_dp_size),
     }
-
-
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def _resolve_all(specs: Sequence[str]) -> list[BackendEntry]:
@@ -113,7 +104,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         "max_dp_size",
     ]
     rows = [header] + [[_cell(d[k]) for k in keys] for d in described]
-    print(_table(rows))
+    print("\n".join(aligned(rows)))
     for name, problem in sorted(errors.items()):
         print(f"warning: entry point {name!r} not loaded: {problem}", file=sys.stderr)
     return EXIT_OK
@@ -174,7 +165,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                 shown,
             ]
         )
-    print(_table(rows))
+    print("\n".join(aligned(rows)))
     print("\n".join(covered))
     print("quick check: " + ("FAILED" if any_bad else "all cases match the float64 oracle"))
     return EXIT_FAILED if any_bad else EXIT_OK

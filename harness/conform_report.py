@@ -20,7 +20,6 @@ from typing import IO, Any
 
 import pytest
 
-OUTCOMES = ("passed", "failed", "skipped")
 _BLOB = re.compile(r"@reproduce_failure\('([^']+)', b'([^']*)'\)")
 
 
@@ -142,16 +141,6 @@ def verdict_rows(verdicts: Verdicts, examples: dict[str, Counter[str]]) -> list[
             cells.append("-" if counts is None else _cell(counts, held))
         rows.append([function, *cells])
     return rows
-
-
-def render_table(rows: list[list[str]]) -> list[str]:
-    """Plain aligned columns (readable in a CI log as in a terminal)."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
-    ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return lines
 
 
 def failure_lines(failure: Failure) -> list[str]:

@@ -535,7 +535,7 @@ def test_bench_cli_builds_its_parser_without_torch():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "['harness', 'harness.bench_cli']"
+    assert done.stdout.strip() == "['harness', 'harness.bench_cli', 'harness.text_table']"
 
 
 def test_cli_file_spec_without_class_says_so_and_names_its_backends(capsys, monkeypatch):
