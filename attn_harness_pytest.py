@@ -47,7 +47,6 @@ _STATE: dict[str, Any] = {
     "time_limit": None,
     "examples": None,
     "entries": None,
-    "checked": {},
     "coverage": None,
     "current_test": None,
     "modules": {},
@@ -158,7 +157,6 @@ def pytest_configure(config: pytest.Config) -> None:
     shrink = config.getoption("shrink_time_limit")
     if shrink is not None:
         _limit_shrinking(shrink)
-    _STATE["checked"] = {}
     _STATE["entries"] = None
     _STATE["coverage"] = None
     _STATE["modules"] = {}
@@ -321,20 +319,20 @@ def record_run(backend: str, run: Any) -> None:
             _STATE["reporter"].example_held()
 
 
-def pytest_runtest_setup(item: pytest.Item) -> None:
+def backend_entry_of(item: pytest.Item) -> Any:
+    """The backend a conformance test runs on (its ``backend_entry`` parameter), else ``None``."""
     callspec = getattr(item, "callspec", None)
-    conformance = callspec is not None and "backend_entry" in callspec.params
+    return callspec.params.get("backend_entry") if callspec is not None else None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    conformance = backend_entry_of(item) is not None
     _STATE["current_test"] = getattr(item, "originalname", item.name) if conformance else None
 
 
 def pytest_deselected(items: list[pytest.Item]) -> None:
     if items:
         _STATE["deselected"] = True
-
-
-def _is_conformance(item: pytest.Item) -> bool:
-    callspec = getattr(item, "callspec", None)
-    return callspec is not None and "backend_entry" in callspec.params
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -344,7 +342,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     test = replay[0]
     kept = [item for item in items if item.name == test]
     if not kept:
-        names = sorted(item.name for item in items if _is_conformance(item))[:5]
+        names = sorted(item.name for item in items if backend_entry_of(item) is not None)
         raise pytest.UsageError(
             f"--replay: no conformance test named {test!r} among the selected backends; it "
             "takes TEST@VERSION:BLOB as a failure entry prints it, or a test's name "
@@ -405,8 +403,7 @@ def conformance_profile() -> Any:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     outcome = yield
     report = outcome.get_result()
-    callspec = getattr(item, "callspec", None)
-    entry = callspec.params.get("backend_entry") if callspec is not None else None
+    entry = backend_entry_of(item)
     counted = report.when == "call" or (report.when == "setup" and not report.passed)
     if entry is None or not counted:
         return
@@ -414,8 +411,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     module = getattr(item, "module", None)
     if module is not None:
         _STATE["modules"].setdefault(entry.name, set()).add(module.__name__)
-    counts = _STATE["checked"].setdefault(entry.name, {"passed": 0, "failed": 0, "skipped": 0})
-    counts[report.outcome] = counts.get(report.outcome, 0) + 1
     function = getattr(item, "originalname", item.name)
     _STATE["verdicts"].record(entry.name, function, report.outcome)
     if report.failed:
@@ -433,9 +428,12 @@ def _failure(item: pytest.Item, backend: str, excinfo: Any) -> Any:
     exc = excinfo.value if excinfo is not None else None
     detail, scenario = failure_text(exc) if exc is not None else ("error in setup", "")
     blob = reproduce_blob(exc) if exc is not None else None
-    token = replay_token(item.name, *blob) if blob else item.name
-    if blob is None and _STATE["replay"] is not None:  # a replay does not print its blob again
-        token = config_replay if (config_replay := item.config.getoption("replay")) else token
+    if blob is not None:
+        token = replay_token(item.name, *blob)
+    elif _STATE["replay"] is not None:  # a replay does not print its blob again: reuse it
+        token = item.config.getoption("replay")
+    else:
+        token = item.name
     return Failure(backend, item.name, detail, scenario, _replay_command(backend, token))
 
 
@@ -531,9 +529,10 @@ def _coverage_lines(full: bool) -> list[str]:
     entries = {e.name: e for e in selected_entries()}
     lines = []
     for name in sorted(log.backends):
-        wanted = _requirements(entries[name]) if name in entries and _whole_suite_ran(name) else []
-        table = log.table(name, wanted)
+        whole = name in entries and _whole_suite_ran(name)
+        wanted = _requirements(entries[name]) if whole else []
         if full:
+            table = log.table(name, wanted)
             lines += [""] + [f"attn-harness {line}" if line[0] != " " else line for line in table]
             continue
         cover = log.backends[name]
@@ -544,7 +543,7 @@ def _coverage_lines(full: bool) -> list[str]:
                 if gaps
                 else "every promised value checked"
             )
-        elif not (name in entries and _whole_suite_ran(name)):
+        elif not whole:
             promise = "not required (part of the suite ran)"
         else:
             promise = f"not required by the {_STATE['profile']} profile"
@@ -560,24 +559,31 @@ def _coverage_lines(full: bool) -> list[str]:
     return lines
 
 
-def _problem_lines() -> list[str]:
-    """Why a run whose tests passed still fails: coverage gaps, nothing checked."""
-    lines = []
+def _problems() -> list[tuple[str, str]]:
+    """Why a run whose tests passed still fails, as (what, what it means): gaps, nothing checked."""
+    problems = []
     for name, gaps in sorted(_coverage_gaps().items()):
         if gaps:
-            lines.append(
-                f"attn-harness: backend {name!r} passed nothing for "
-                + "; ".join(f"{g.dimension} {g.wanted}" for g in gaps)
-                + ": the profile promises these inside its claim. Declare what the backend "
-                "cannot do in capabilities(), or see which draws it refused."
+            problems.append(
+                (
+                    f"backend {name!r} passed nothing for "
+                    + "; ".join(f"{g.dimension} {g.wanted}" for g in gaps),
+                    "the profile promises these inside its claim. Declare what the backend "
+                    "cannot do in capabilities(), or see which draws it refused.",
+                )
             )
-    for name, counts in sorted(_STATE["checked"].items()):
-        if counts.get("passed", 0) == 0 and counts.get("failed", 0) == 0:
-            lines.append(
-                f"attn-harness: nothing could be checked for backend {name!r}: every "
-                "conformance test was skipped (outside its declared capabilities)"
+    for name in _STATE["verdicts"].nothing_checked():
+        problems.append(
+            (
+                f"nothing could be checked for backend {name!r}",
+                "every conformance test was skipped (outside its declared capabilities)",
             )
-    return lines
+        )
+    return problems
+
+
+def _problem_lines(problems: list[tuple[str, str]]) -> list[str]:
+    return [f"attn-harness: {what}: {meaning}" for what, meaning in problems]
 
 
 def _verdict_lines() -> list[str]:
@@ -601,20 +607,20 @@ def _compact_summary(seconds: float) -> list[str]:
     """What ``attn-harness conform`` prints at the end (``--conformance-output compact``)."""
     from harness.conform_report import closing_line
 
-    problems = _problem_lines()
+    problems = _problems()
     full = "coverage tables: -v; as JSON: --junitxml FILE, or -- --coverage-json FILE"
     coverage = _coverage_lines(full=False)
     if _STATE["coverage"] is not None:
         coverage.append(f"  ({full})")
-    lines = [*_verdict_lines(), "", *coverage, *problems]
-    reasons = [p.split(":")[1].strip() for p in problems]
+    lines = [*_verdict_lines(), "", *coverage, *_problem_lines(problems)]
+    reasons = [what for what, _ in problems]
     return [*lines, closing_line(_STATE["verdicts"], seconds, reasons)]
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     for line in _coverage_lines(full=True):
         terminalreporter.write_line(line)
-    for line in _problem_lines():
+    for line in _problem_lines(_problems()):
         terminalreporter.write_line(line, red=True)
     for line in _verdict_lines():
         terminalreporter.write_line(line, red=line.startswith("FAILED"))
@@ -627,12 +633,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _save_coverage(session.config)
     if any(_coverage_gaps().values()) and session.exitstatus == 0:
         session.exitstatus = 1
-    nothing = [
-        name
-        for name, counts in _STATE["checked"].items()
-        if counts.get("passed", 0) == 0 and counts.get("failed", 0) == 0
-    ]
-    if nothing and session.exitstatus == 0:
+    if _STATE["verdicts"].nothing_checked() and session.exitstatus == 0:
         session.exitstatus = 1
 
 

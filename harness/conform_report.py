@@ -20,6 +20,8 @@ from typing import IO, Any
 
 import pytest
 
+from attn_harness_pytest import backend_entry_of
+
 _BLOB = re.compile(r"@reproduce_failure\('([^']+)', b'([^']*)'\)")
 
 
@@ -50,6 +52,14 @@ class Verdicts:
 
     def count(self, outcome: str) -> int:
         return sum(c[outcome] for tests in self.outcomes.values() for c in tests.values())
+
+    def nothing_checked(self) -> list[str]:
+        """Backends none of whose tests passed or failed (all skipped: outside the claim)."""
+        return sorted(
+            backend
+            for backend, tests in self.outcomes.items()
+            if not any(c["passed"] or c["failed"] for c in tests.values())
+        )
 
 
 def failure_text(exc: BaseException) -> tuple[str, str]:
@@ -270,8 +280,7 @@ class CompactReporter:
         self.total = len(session.items)
         self.backends = []
         for item in session.items:
-            callspec = getattr(item, "callspec", None)
-            entry = callspec.params.get("backend_entry") if callspec is not None else None
+            entry = backend_entry_of(item)
             if entry is not None and entry.name not in self.backends:
                 self.backends.append(entry.name)
         self.functions = len({getattr(i, "originalname", i.name) for i in session.items})

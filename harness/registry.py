@@ -81,9 +81,7 @@ def class_label(entry_or_cls: BackendEntry | type) -> str:
     cls = entry_or_cls.cls if isinstance(entry_or_cls, BackendEntry) else entry_or_cls
     module = str(getattr(cls, "__module__", "?"))
     qualname = getattr(cls, "__qualname__", None) or getattr(cls, "__name__", repr(cls))
-    path = _SPEC_FILES.get(module)
-    if path is None and module.startswith(SPEC_MODULE_PREFIX):
-        path = getattr(sys.modules.get(module), "__file__", None)
+    path = _SPEC_FILES.get(module)  # every module _import_file made is in it
     if path is not None:
         return f"{path}:{qualname}"
     return f"{module}.{qualname}"

@@ -14,6 +14,7 @@ import torch
 from hypothesis import strategies as st
 
 from attn_harness_pytest import (
+    backend_entry_of,
     current_device,
     current_profile,
     keep_hypothesis_files_out_of_the_working_directory,
@@ -65,8 +66,7 @@ conformance_settings = PROFILE.settings
 @pytest.fixture(autouse=True)
 def _inside_claim(request: pytest.FixtureRequest) -> None:
     """Skip a backend whose claim leaves nothing to draw on this device."""
-    callspec = getattr(request.node, "callspec", None)
-    entry = callspec.params.get("backend_entry") if callspec is not None else None
+    entry = backend_entry_of(request.node)
     if entry is None:
         return
     caps = entry.capabilities
