@@ -400,3 +400,15 @@ def test_replay_of_a_production_failure_names_its_regime():
     assert result.returncode == EXIT_FAILED, result.stdout[-3000:]
     assert "test_production_shapes_match_oracle[many-sequences]: " in result.stdout
     assert "many-sequences]@" in result.stdout  # the replay names the regime
+
+
+def test_cpu_conformance_runs_torch_on_one_thread_unless_omp_says_otherwise():
+    base = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    args = [sys.executable, "-m", "harness", "conform", "--backend", "reference", "--"]
+    args += ["-k", "test_second_run", "--examples", "1"]
+    for env, threads in ((base, 1), ({**base, "OMP_NUM_THREADS": "2"}, 2)):
+        result = subprocess.run(
+            args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False
+        )
+        assert result.returncode == EXIT_OK, result.stdout[-2000:]
+        assert result.stdout.splitlines()[0].endswith(f"· torch threads {threads}")

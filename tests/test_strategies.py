@@ -148,3 +148,29 @@ def test_strategies_reach_every_feature():
         "production",
     ):
         assert seen[flag] == {True, False}, flag
+
+
+def test_a_scenario_of_many_sequences_is_described_in_one_short_line():
+    from dataclasses import replace
+
+    import torch
+
+    from harness.scenario import MAX_ROWS_SHOWN, Scenario
+
+    many = Scenario(
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=8,
+        page_size=4,
+        total_pages=400,
+        num_layers=1,
+        context_lens=tuple(range(1, 65)),
+        query_lens=(1,) * 64,
+        dtype=torch.float32,
+    )
+    text = many.describe()
+    assert "rows (q/L) [1/1, 1/2, 1/3, 1/4, ... 58 more ..., 1/63, 1/64]" in text
+    assert len(text) < 200
+    few = replace(many, context_lens=(5,) * MAX_ROWS_SHOWN, query_lens=(1,) * MAX_ROWS_SHOWN)
+    assert "..." not in few.describe()
+    assert few.describe().count("1/5") == MAX_ROWS_SHOWN
