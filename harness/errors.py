@@ -43,5 +43,16 @@ class BackendLoadError(ValueError):
     """A backend spec or entry point cannot be loaded as a backend class."""
 
 
+class SpecWithoutClass(BackendLoadError, KeyError):
+    """A file or module given as a backend name, without ``:Class``.
+
+    To the registry it is an unknown name, so it is a ``KeyError`` as the
+    contract says of every unknown name; it is also a ``BackendLoadError``,
+    whose message says what was meant and which classes the file holds.
+    """
+
+    __str__ = BaseException.__str__  # the message as written, not KeyError's repr of it
+
+
 class OutOfPages(RuntimeError):
     """A DP rank's page range has no free page left for an allocation."""

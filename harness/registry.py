@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.contract import Capabilities, capabilities_of
-from harness.errors import BackendLoadError
+from harness.errors import BackendLoadError, SpecWithoutClass
 from harness.validate import validate_dp_config
 
 ENTRY_POINT_GROUP = "attn_harness.backends"
@@ -171,8 +171,9 @@ class BackendRegistry:
             return self._entries[name_or_spec]
         if ":" not in name_or_spec:
             hint = missing_class_hint(name_or_spec)
-            if hint is not None:
-                raise BackendLoadError(hint)
+            if hint is not None:  # an unknown name (KeyError) that can say what was meant
+                available = ", ".join(self.names()) or "(none)"
+                raise SpecWithoutClass(f"not one of the registered backends ({available}): {hint}")
             try:
                 return self.entry(name_or_spec)
             except KeyError as exc:

@@ -887,3 +887,15 @@ def test_a_misspelt_class_gets_a_suggestion():
     path = Path(__file__).resolve().parent / "fixtures" / "file_backend.py"
     with pytest.raises(BackendLoadError, match="did you mean 'FileBackend'"):
         load_backend_spec(f"{path}:FileBakend")
+
+
+@pytest.mark.parametrize(
+    "name", ["no_such_file.py", "tests/fixtures/file_backend.py", "json.decoder"]
+)
+def test_a_name_without_class_is_still_an_unknown_name_to_the_registry(name):
+    """The contract: an unknown name is a KeyError listing the available ones."""
+    with pytest.raises(KeyError) as info:
+        registry.get_backend(name)
+    assert "not one of the registered backends (reference, sdpa)" in str(info.value)
+    assert isinstance(info.value, BackendLoadError)  # and it says what a spec needs
+    assert "needs ':Class'" in str(info.value) or "no such file" in str(info.value)
