@@ -1,0 +1,324 @@
+"""Triton kernels of the ``triton`` backend: split-KV decode, its merge, and tiled prefill.
+
+Import this module only through ``reference_backends.triton_backend``:
+``@triton.jit`` reads ``TRITON_INTERPRET`` when it runs (here, at import),
+and so does triton's own standard library when triton is first imported;
+the backend sets it for CPU use before either happens.
+
+Every kernel reads K/V through the block table, token by token
+(``page = table[pos // page_size]``, ``row = pos % page_size``), with the
+cache's own strides, so any page size, a strided half of a combined K/V
+tensor, and a per-rank pool (pages already made local by the host) all work
+without a copy. Keys past a sequence's end are masked *at the load*, never
+multiplied by a zero weight, because the cache there holds garbage (NaN in
+the conformance suite).
+
+Numerics follow FlashAttention: inputs in their dtype, logits and the
+running sum in fp32 (``exp2`` of log2e-scaled logits), probabilities rounded
+to the value dtype before ``P @ V``. fp32 inputs use IEEE ``tl.dot`` (not
+TF32). ``DOT_F32`` upcasts the operands of both dots to fp32, for the
+interpreter, whose bf16 ``tl.dot`` is wrong.
+"""
+
+# No ``from __future__ import annotations``: triton reads the ``tl.constexpr`` annotations.
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def decode_split_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    block_table_ptr,
+    seq_lens_ptr,
+    item_rows_ptr,
+    item_tokens_ptr,
+    stride_qt,
+    stride_qh,
+    stride_qd,
+    stride_kp,
+    stride_ks,
+    stride_kh,
+    stride_kd,
+    stride_vp,
+    stride_vs,
+    stride_vh,
+    stride_vd,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    stride_bt,
+    scale_log2,
+    page_size,
+    split_len,
+    num_splits,
+    num_heads,
+    GROUP: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """One decode query, one KV head (all its query heads), one key range.
+
+    The GQA group's query heads are the rows of one ``tl.dot``, so each K/V
+    tile is loaded once for the whole group. With ``SPLIT`` the normalised
+    partial output and its log2-sum-exp go to scratch for
+    ``merge_splits_kernel``; without, the output is written directly.
+    """
+    item = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    row = tl.load(item_rows_ptr + item)
+    token = tl.load(item_tokens_ptr + item).to(tl.int64)
+    seq_len = tl.load(seq_lens_ptr + row)
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    head = kv_head * GROUP + offs_h
+    mask_h = offs_h < GROUP
+    mask_d = offs_d < HEAD_DIM
+    q = tl.load(
+        q_ptr + token * stride_qt + head[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+        mask=mask_h[:, None] & mask_d[None, :],
+        other=0.0,
+    )
+    if DOT_F32:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    table = block_table_ptr + row.to(tl.int64) * stride_bt
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + offs_n
+        valid = pos < end
+        page = tl.load(table + pos // page_size, mask=valid, other=0).to(tl.int64)
+        in_page = (pos % page_size).to(tl.int64)
+        load_mask = valid[:, None] & mask_d[None, :]
+        k = tl.load(
+            k_ptr
+            + (page * stride_kp + in_page * stride_ks + kv_head * stride_kh)[:, None]
+            + offs_d[None, :] * stride_kd,
+            mask=load_mask,
+            other=0.0,
+        )
+        v = tl.load(
+            v_ptr
+            + (page * stride_vp + in_page * stride_vs + kv_head * stride_vh)[:, None]
+            + offs_d[None, :] * stride_vd,
+            mask=load_mask,
+            other=0.0,
+        )
+        if DOT_F32:
+            k = k.to(tl.float32)
+        logits = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+        logits = tl.where(valid[None, :], logits, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(logits, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(logits - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        p = p.to(v.dtype)
+        if DOT_F32:
+            p = p.to(tl.float32)
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+        m_i = m_new
+
+    has_keys = l_i > 0.0
+    result = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if SPLIT:
+        lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+        part = (item * num_heads + head).to(tl.int64) * num_splits + split
+        tl.store(part_lse_ptr + part, lse, mask=mask_h)
+        tl.store(
+            part_out_ptr + part[:, None] * HEAD_DIM + offs_d[None, :],
+            result,
+            mask=mask_h[:, None] & mask_d[None, :],
+        )
+    else:
+        tl.store(
+            out_ptr + token * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od,
+            result.to(out_ptr.dtype.element_ty),
+            mask=mask_h[:, None] & mask_d[None, :],
+        )
+
+
+@triton.jit
+def merge_splits_kernel(
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    item_tokens_ptr,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    num_splits,
+    num_heads,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    """Combine one (decode query, head)'s splits by their log-sum-exp weights.
+
+    A split past the sequence's end has lse = -inf and weight 0; split 0
+    always holds a key, so the weights never all vanish.
+    """
+    item = tl.program_id(0)
+    head = tl.program_id(1)
+    token = tl.load(item_tokens_ptr + item).to(tl.int64)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_s = offs_s < num_splits
+    mask_d = offs_d < HEAD_DIM
+    part = (item * num_heads + head).to(tl.int64) * num_splits + offs_s
+    lse = tl.load(part_lse_ptr + part, mask=mask_s, other=float("-inf"))
+    weight = tl.exp2(lse - tl.max(lse, 0))
+    partial = tl.load(
+        part_out_ptr + part[:, None] * HEAD_DIM + offs_d[None, :],
+        mask=mask_s[:, None] & mask_d[None, :],
+        other=0.0,
+    )
+    result = tl.sum(partial * weight[:, None], 0) / tl.sum(weight, 0)
+    tl.store(
+        out_ptr + token * stride_ot + head * stride_oh + offs_d * stride_od,
+        result.to(out_ptr.dtype.element_ty),
+        mask=mask_d,
+    )
+
+
+@triton.jit
+def prefill_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    block_table_ptr,
+    seq_lens_ptr,
+    query_start_ptr,
+    tile_rows_ptr,
+    tile_starts_ptr,
+    stride_qt,
+    stride_qh,
+    stride_qd,
+    stride_kp,
+    stride_ks,
+    stride_kh,
+    stride_kd,
+    stride_vp,
+    stride_vs,
+    stride_vh,
+    stride_vd,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    stride_bt,
+    scale_log2,
+    page_size,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """``BLOCK_M // GROUP_PAD`` query tokens of one sequence x one KV head's query heads.
+
+    The tile's rows are (token, query head) pairs, so the GQA group shares
+    each K/V load here too. Causal is bottom-right: the row's queries are its
+    last ``q_len`` positions, and the key loop stops after the tile's last
+    query position.
+    """
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    row = tl.load(tile_rows_ptr + tile)
+    first = tl.load(tile_starts_ptr + tile)  # the tile's first query, counted within the row
+    query_start = tl.load(query_start_ptr + row)
+    query_len = tl.load(query_start_ptr + row + 1) - query_start
+    seq_len = tl.load(seq_lens_ptr + row)
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    in_row = first + offs_m // GROUP_PAD  # the query's index within its row
+    head = kv_head * GROUP + offs_m % GROUP_PAD
+    mask_m = (in_row < query_len) & (offs_m % GROUP_PAD < GROUP)
+    mask_d = offs_d < HEAD_DIM
+    tokens = (query_start + in_row).to(tl.int64)
+    q_pos = seq_len - query_len + in_row
+    q_offsets = tokens[:, None] * stride_qt + head[:, None] * stride_qh
+    q = tl.load(
+        q_ptr + q_offsets + offs_d[None, :] * stride_qd,
+        mask=mask_m[:, None] & mask_d[None, :],
+        other=0.0,
+    )
+    if DOT_F32:
+        q = q.to(tl.float32)
+
+    if CAUSAL:
+        key_end = tl.minimum(seq_len, seq_len - query_len + first + BLOCK_M // GROUP_PAD)
+    else:
+        key_end = seq_len
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    table = block_table_ptr + row.to(tl.int64) * stride_bt
+    for n0 in range(0, key_end, BLOCK_N):
+        pos = n0 + offs_n
+        valid = pos < key_end
+        page = tl.load(table + pos // page_size, mask=valid, other=0).to(tl.int64)
+        in_page = (pos % page_size).to(tl.int64)
+        load_mask = valid[:, None] & mask_d[None, :]
+        k = tl.load(
+            k_ptr
+            + (page * stride_kp + in_page * stride_ks + kv_head * stride_kh)[:, None]
+            + offs_d[None, :] * stride_kd,
+            mask=load_mask,
+            other=0.0,
+        )
+        v = tl.load(
+            v_ptr
+            + (page * stride_vp + in_page * stride_vs + kv_head * stride_vh)[:, None]
+            + offs_d[None, :] * stride_vd,
+            mask=load_mask,
+            other=0.0,
+        )
+        if DOT_F32:
+            k = k.to(tl.float32)
+        logits = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+        keep = valid[None, :]
+        if CAUSAL:
+            keep = keep & (pos[None, :] <= q_pos[:, None])
+        logits = tl.where(keep, logits, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(logits, 1))
+        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(logits - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        p = p.to(v.dtype)
+        if DOT_F32:
+            p = p.to(tl.float32)
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+        m_i = m_new
+
+    result = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    out_offsets = tokens[:, None] * stride_ot + head[:, None] * stride_oh
+    tl.store(
+        out_ptr + out_offsets + offs_d[None, :] * stride_od,
+        result.to(out_ptr.dtype.element_ty),
+        mask=mask_m[:, None] & mask_d[None, :],
+    )
