@@ -191,7 +191,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     specs = config.getoption("backend") or ["every registered backend"]
     return [
         f"attn-harness: profile {_STATE['profile']} (its settings decorate each conformance "
-        f"test), device {_STATE['device']}, backends: {', '.join(specs)}"
+        f"test), device {_STATE['device']}, backends: {', '.join(specs)}",
+        *(f"attn-harness: {note}" for note in sizing_notes()),
     ]
 
 
@@ -281,6 +282,33 @@ def current_profile() -> Any:
     if _STATE["examples"] is not None:
         profile = profile.with_examples(_STATE["examples"])
     return profile
+
+
+def interpreted_here(entry: Any) -> bool:
+    """Whether ``entry`` runs interpreted on the chosen device (it says so in its claim)."""
+    return _STATE["device"] in entry.capabilities.interpreted_devices
+
+
+def profile_for(entry: Any) -> Any:
+    """The profile that sizes ``entry``'s draws: lighter where it runs interpreted."""
+    profile = current_profile()
+    return profile.interpreted() if interpreted_here(entry) else profile
+
+
+def sizing_notes() -> list[str]:
+    """One line per selected backend that runs interpreted here: how its draws are sized."""
+    notes = []
+    for entry in selected_entries():
+        if interpreted_here(entry):
+            profile = profile_for(entry)
+            notes.append(
+                f"{entry.name} runs interpreted on {_STATE['device']}: profile {profile.name}, "
+                f"{profile.settings.max_examples} examples per property "
+                f"(of {current_profile().settings.max_examples}) on smaller shapes, "
+                f"{profile.production_examples} per production regime; coverage is reported, "
+                "not required"
+            )
+    return notes
 
 
 def get_default_examples() -> int:
@@ -376,16 +404,33 @@ def replayable(test: Any) -> Any:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Any:
+    """Set up a top-level ``@given`` test for this item, and undo it afterwards.
+
+    A replay runs only the replayed example; a backend that runs interpreted
+    gets its share of the test's examples. The function object is shared by
+    every backend's item and outlives the run, so both are undone.
+    """
     test = getattr(item, "obj", None)
-    attribute = "_hypothesis_internal_use_reproduce_failure"
-    if current_replay() is None or not hasattr(test, "hypothesis"):
+    entry = backend_entry_of(item)
+    if not hasattr(test, "hypothesis"):
         yield
         return
-    replayable(test)
+    settings_attribute = "_hypothesis_internal_use_settings"
+    own_settings = getattr(test, settings_attribute, None)
+    if entry is not None and own_settings is not None and interpreted_here(entry):
+        from hypothesis import settings
+
+        from harness.profiles import Profile
+
+        fewer = Profile.scaled_examples(own_settings.max_examples)
+        setattr(test, settings_attribute, settings(own_settings, max_examples=fewer))
+    if current_replay() is not None:
+        replayable(test)
     try:
         yield
-    finally:  # the function object outlives this run (an in-process caller may run again)
-        setattr(test, attribute, None)
+    finally:
+        setattr(test, settings_attribute, own_settings)
+        test._hypothesis_internal_use_reproduce_failure = None
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -460,7 +505,7 @@ def _requirements(entry: Any) -> list[Any]:
     """What the profile promises to reach inside ``entry``'s claim (nothing if it does not)."""
     from harness.coverage import requirements
 
-    profile = current_profile()
+    profile = profile_for(entry)
     if not profile.enforces_coverage:
         return []
     budget = profile.budget

@@ -199,7 +199,10 @@ def unsupported_reason(
 ) -> str | None:
     if spec.dp_size > 1 and not entry.accepts_dp:
         return f"not DP-aware: cannot serve dp_size={spec.dp_size}"
-    return capabilities_of(entry.cls).unsupported_reason(
+    caps = capabilities_of(entry.cls)
+    if device_type(device) in caps.interpreted_devices:
+        return f"runs interpreted on {device_type(device)}: its time says nothing, not timed"
+    return caps.unsupported_reason(
         dtype=spec.torch_dtype,
         device=device_type(device),
         page_size=spec.page_size,

@@ -133,7 +133,9 @@ def _case_lines(backend: str, results: list[Any], verbose: bool) -> list[str]:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from harness.quick_check import quick_coverage, run_quick_check
+    from harness.triton_mode import interpret_triton_here
 
+    interpret_triton_here()  # the quick check runs on the CPU: Triton kernels are interpreted
     entries = _resolve_all(args.backend)
     rows = [["backend", "passed", "failed", "errors", "unsupported", "first failure"]]
     covered: list[str] = []

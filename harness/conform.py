@@ -217,6 +217,10 @@ def run_conformance(
     replay: str | None = None,
     user_plugins: bool = False,
 ) -> int:
+    if device == "cpu":  # before any backend module (which may import triton) is loaded
+        from harness.triton_mode import interpret_triton_here
+
+        interpret_triton_here()
     problem = usage_problem(specs, profile, device)
     if problem is None and junitxml:
         from harness.results import check_writable

@@ -300,6 +300,10 @@ class CompactReporter:
             f"{_plural(self.total, 'test')} · profile {option.conformance_profile} · "
             f"device {option.conformance_device}{threads}"
         )
+        from attn_harness_pytest import sizing_notes
+
+        for note in sizing_notes():
+            self.write(f"  {note}")
 
     def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
         if self.live is None:

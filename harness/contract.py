@@ -103,6 +103,10 @@ class Capabilities:
     graph_mode: bool = True
     non_causal: bool = True
     max_dp_size: int | None = None
+    # Devices where the backend runs in an interpreter or emulator (a Triton kernel on
+    # the CPU): conformance draws fewer, smaller examples there, and benchmarks do not
+    # time it. Listing a device here does not claim it; ``devices`` does.
+    interpreted_devices: tuple[str, ...] = ()
 
     def unsupported_reason(
         self,

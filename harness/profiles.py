@@ -18,7 +18,19 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 
 from attn_harness_pytest import PROFILES as PROFILE_NAMES
 from attn_harness_pytest import cache_root
+from harness.production_shapes import CostLimit
 from harness.strategies import CI_BUDGET, THOROUGH_BUDGET, Budget
+
+INTERPRETED_SHARE = 8  # an interpreted backend gets one example in this many
+INTERPRETED_BUDGET = Budget(
+    max_seqs=3,
+    max_context=24,
+    max_layers=2,
+    max_heads=8,
+    production=CostLimit(cache_elements=2**22, work=2**25),
+)
+"""Plain draws an interpreter runs in about a second; production shapes still reach
+split-KV contexts past 256 keys, query tiles past 128 and long decode contexts."""
 
 _SLOW_CHECKS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 
@@ -49,6 +61,27 @@ class Profile:
             stateful_examples=max(1, round(self.stateful_examples * examples / default)),
             enforces_coverage=self.enforces_coverage and examples >= default,
         )
+
+    def interpreted(self) -> Profile:
+        """The profile for a backend that runs interpreted on the chosen device.
+
+        An interpreter costs milliseconds per kernel program, so such a backend
+        gets ``1 / INTERPRETED_SHARE`` of the examples (never none of any kind)
+        and the smaller ``INTERPRETED_BUDGET``; coverage is reported, not required.
+        """
+        fewer = self.scaled_examples(self.settings.max_examples)
+        return replace(
+            self.with_examples(fewer),
+            name=f"{self.name} (interpreted)",
+            budget=replace(INTERPRETED_BUDGET, max_dp_size=self.budget.max_dp_size),
+            stateful_steps=max(3, self.stateful_steps // 2),
+            enforces_coverage=False,
+        )
+
+    @staticmethod
+    def scaled_examples(examples: int) -> int:
+        """An interpreted backend's share of ``examples``: at least one."""
+        return max(1, -(-examples // INTERPRETED_SHARE))
 
 
 def example_database_dir() -> Path:

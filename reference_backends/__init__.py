@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from reference_backends.reference import ReferenceBackend
 from reference_backends.sdpa import SdpaBackend
+from reference_backends.triton_backend import TritonBackend
 
 BUILTIN_BACKENDS: dict[str, type] = {
     "reference": ReferenceBackend,
     "sdpa": SdpaBackend,
+    "triton": TritonBackend,
 }
 
-__all__ = ["BUILTIN_BACKENDS", "ReferenceBackend", "SdpaBackend"]
+__all__ = ["BUILTIN_BACKENDS", "ReferenceBackend", "SdpaBackend", "TritonBackend"]

@@ -26,7 +26,6 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-import sys
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -35,6 +34,7 @@ import torch
 from harness.contract import Capabilities, LayerCache
 from harness.errors import Unsupported
 from harness.paged_base import PagedBackendBase, PreparedStep
+from harness.triton_mode import interpret_triton_here, triton_interprets
 from harness.validate import CacheGeometry, CheckedMetadata
 
 MIN_SPLIT_KEYS = 256  # a decode context past this many keys is split (flash-decoding)
@@ -87,26 +87,25 @@ def _triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
-
-
 def kernels(device: torch.device) -> ModuleType:
     """The kernel module, compiled by Triton for CUDA or run by its interpreter for the CPU.
 
     Triton decides when it is imported (its standard library) and when each
-    ``@triton.jit`` runs: so the CPU path sets ``TRITON_INTERPRET=1`` before
-    triton's first import, and a process cannot use both kinds.
+    ``@triton.jit`` runs: so the CPU path asks for the interpreter before
+    triton's first import (see ``harness.triton_mode``), and a process cannot
+    use both kinds.
     """
-    if device.type == "cpu" and not _interpreting():
-        if "triton" in sys.modules:
-            raise Unsupported(
-                "the triton backend runs on the CPU only in Triton's interpreter, and triton "
-                "was imported in this process without TRITON_INTERPRET=1: set "
-                "TRITON_INTERPRET=1 in the environment before starting Python"
-            )
-        os.environ["TRITON_INTERPRET"] = "1"
-    if device.type == "cuda" and _interpreting():
+    if device.type == "cpu" and not interpret_triton_here():
+        why = (
+            "triton was imported in this process without TRITON_INTERPRET=1"
+            if "TRITON_INTERPRET" not in os.environ
+            else f"TRITON_INTERPRET is {os.environ['TRITON_INTERPRET']!r}"
+        )
+        raise Unsupported(
+            f"the triton backend runs on the CPU only in Triton's interpreter, and {why}: "
+            "set TRITON_INTERPRET=1 in the environment before starting Python"
+        )
+    if device.type == "cuda" and triton_interprets():
         raise Unsupported(
             "TRITON_INTERPRET=1 is set, so Triton would interpret the kernels on the host: "
             "unset it to run the triton backend on CUDA"
@@ -151,7 +150,9 @@ class TritonBackend(PagedBackendBase):
     @classmethod
     def capabilities(cls) -> Capabilities:
         """fp32/fp16/bf16, any page size and head dim; CPU (interpreted) and CUDA."""
-        return Capabilities(dtypes=_SUPPORTED_DTYPES, devices=("cpu", "cuda"))
+        return Capabilities(
+            dtypes=_SUPPORTED_DTYPES, devices=("cpu", "cuda"), interpreted_devices=("cpu",)
+        )
 
     def bind_kv_caches(self, layer_caches: list[LayerCache]) -> None:
         for index, cache in enumerate(layer_caches):

@@ -18,6 +18,7 @@ from attn_harness_pytest import (
     current_device,
     current_profile,
     keep_hypothesis_files_out_of_the_working_directory,
+    profile_for,
     record_examples,
 )
 from harness.coverage import claim_summary
@@ -26,6 +27,7 @@ from harness.errors import Unsupported
 from harness.properties import PropertyFailure
 from harness.registry import BackendEntry
 from harness.scenario import Scenario
+from harness.triton_mode import interpret_triton_here
 from harness.strategies import multi_rank_scenarios, production_scenarios, scenarios
 
 
@@ -46,6 +48,8 @@ keep_hypothesis_files_out_of_the_working_directory()
 PROFILE = current_profile()
 """The ``--conformance-profile``: its settings decorate every test, its budget sizes draws."""
 DEVICE = current_device()
+if DEVICE == "cpu":  # Triton kernels run on CPU tensors only in its interpreter: choose it
+    interpret_triton_here()  # before any backend module (which may import triton) is loaded
 
 
 def _one_cpu_thread() -> None:
@@ -86,7 +90,7 @@ def draw_scenario(
     strategy = scenarios(
         caps,
         dp_aware=entry.accepts_dp,
-        budget=PROFILE.budget,
+        budget=profile_for(entry).budget,
         min_dp_size=min_dp_size,
         device=DEVICE,
     )
@@ -98,7 +102,7 @@ def draw_production(data: st.DataObject, entry: BackendEntry, regime: str) -> Sc
         entry.capabilities,
         regime,
         dp_aware=entry.accepts_dp,
-        budget=PROFILE.budget,
+        budget=profile_for(entry).budget,
         device=DEVICE,
     )
     return data.draw(strategy, label=f"{regime} scenario")
@@ -106,7 +110,10 @@ def draw_production(data: st.DataObject, entry: BackendEntry, regime: str) -> Sc
 
 def draw_ranks(data: st.DataObject, entry: BackendEntry) -> list[Scenario]:
     strategy = multi_rank_scenarios(
-        entry.capabilities, dp_aware=entry.accepts_dp, budget=PROFILE.budget, device=DEVICE
+        entry.capabilities,
+        dp_aware=entry.accepts_dp,
+        budget=profile_for(entry).budget,
+        device=DEVICE,
     )
     return data.draw(strategy, label="ranks")
 

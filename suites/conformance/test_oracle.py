@@ -12,14 +12,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attn_harness_pytest import replayable
+from attn_harness_pytest import profile_for, replayable
 from harness.properties import (
     check_every_rank_matches_oracle,
     check_matches_oracle,
     check_ranks_together_equal_alone,
 )
 from suites.conformance.conftest import (
-    PROFILE,
     check,
     conformance_settings,
     draw_ranks,
@@ -34,7 +33,7 @@ def test_outputs_match_oracle(backend_entry, dtype) -> None:
     claimed = backend_entry.capabilities.dtypes
     if getattr(torch, dtype) not in claimed:
         pytest.skip(f"{backend_entry.name} does not claim {dtype}")
-    share = math.ceil(PROFILE.settings.max_examples / len(claimed))
+    share = math.ceil(profile_for(backend_entry).settings.max_examples / len(claimed))
 
     @settings(conformance_settings, max_examples=share)
     @given(data=st.data())

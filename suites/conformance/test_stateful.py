@@ -7,15 +7,16 @@ coverage table.
 
 from hypothesis import settings
 
-from attn_harness_pytest import record_examples, record_run, replayable
+from attn_harness_pytest import profile_for, record_examples, record_run, replayable
 from harness.stateful import conformance_machine, run_machine
-from suites.conformance.conftest import DEVICE, PROFILE
+from suites.conformance.conftest import DEVICE
 
 
 def test_stateful_steps(backend_entry) -> None:
+    profile = profile_for(backend_entry)
     machine = conformance_machine(
         backend_entry,
-        PROFILE.budget,
+        profile.budget,
         DEVICE,
         on_step=lambda scenario: record_examples(backend_entry.name, [scenario], example=False),
         on_run=lambda run: record_run(backend_entry.name, run),
@@ -23,8 +24,8 @@ def test_stateful_steps(backend_entry) -> None:
     run_machine(
         replayable(machine),
         settings(
-            PROFILE.settings,
-            max_examples=PROFILE.stateful_examples,
-            stateful_step_count=PROFILE.stateful_steps,
+            profile.settings,
+            max_examples=profile.stateful_examples,
+            stateful_step_count=profile.stateful_steps,
         ),
     )
