@@ -27,8 +27,8 @@ from harness.errors import Unsupported
 from harness.properties import PropertyFailure
 from harness.registry import BackendEntry
 from harness.scenario import Scenario
-from harness.triton_mode import interpret_triton_here
 from harness.strategies import multi_rank_scenarios, production_scenarios, scenarios
+from harness.triton_mode import interpret_triton_here
 
 
 def pytest_configure(config: pytest.Config) -> None:
