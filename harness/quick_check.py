@@ -55,6 +55,8 @@ class Coverage:
     head_dims: tuple[int, ...]
     dtypes: tuple[torch.dtype, ...]
     max_dp: int
+    num_layers: int = 2
+    interpreted: bool = False  # the backend runs interpreted on the CPU: a lighter matrix
 
     @property
     def geometries(self) -> list[tuple[int, int]]:
@@ -77,6 +79,7 @@ class Coverage:
             f"head dims {_join(self.head_dims)} at page size {page}; "
             f"{_join(dtype_name(d) for d in self.dtypes)}; "
             f"dp_size 1..{self.max_dp}, both layouts"
+            + (f"; {self.num_layers} layer (interpreted on the CPU)" if self.interpreted else "")
         )
 
 
@@ -85,14 +88,22 @@ def _join(values: Iterable[object]) -> str:
 
 
 def quick_coverage(caps: Capabilities) -> Coverage:
-    """Every claimed page size and head dim; small defaults where the claim is "any"."""
+    """Every claimed page size and head dim; small defaults where the claim is "any".
+
+    A backend that runs interpreted on the CPU (an interpreter costs
+    milliseconds per kernel program) gets dp_size up to 2 and one layer.
+    """
     page_sizes = DEFAULT_PAGE_SIZES if caps.page_sizes is None else caps.page_sizes
     head_dims = DEFAULT_HEAD_DIMS if caps.head_dims is None else caps.head_dims
+    interpreted = "cpu" in caps.interpreted_devices
+    most_dp = 2 if interpreted else 3
     return Coverage(
         page_sizes=tuple(dict.fromkeys(page_sizes)),
         head_dims=tuple(dict.fromkeys(head_dims)),
         dtypes=tuple(caps.dtypes),
-        max_dp=3 if caps.max_dp_size is None else min(3, caps.max_dp_size),
+        max_dp=most_dp if caps.max_dp_size is None else min(most_dp, caps.max_dp_size),
+        num_layers=1 if interpreted else 2,
+        interpreted=interpreted,
     )
 
 
@@ -113,7 +124,7 @@ def quick_scenarios(caps: Capabilities) -> Iterator[tuple[str, Scenario]]:
                 head_dim=head_dim,
                 page_size=page_size,
                 total_pages=_total_pages(page_size, coverage.max_dp),
-                num_layers=2,
+                num_layers=coverage.num_layers,
                 dtype=dtype,
             )
             for batch, (contexts, queries) in BATCHES.items():

@@ -49,15 +49,23 @@ class Tiling:
     block_m: int  # prefill query tokens per program
     block_n: int  # keys per loop iteration
     num_warps: int
+    interpreted: bool = False
 
     @classmethod
-    def choose(cls, head_dim: int, interpreted: bool) -> Tiling:
+    def choose(cls, head_dim: int, dtype: torch.dtype, interpreted: bool) -> Tiling:
+        """Blocks whose Q, K and V tiles (pipelined) fit an SM's shared memory.
+
+        The interpreter's cost is per program and per op, not per element, so
+        there tiles are as large as the shapes allow (see ``_block_m``).
+        """
         block_d = max(16, triton_next_power_of_2(head_dim))
-        if interpreted:  # the interpreter's cost is per program and per op, not per element
-            return cls(block_d=block_d, block_m=16, block_n=64, num_warps=1)
-        block_n = 64 if block_d <= 128 else 32  # K and V tiles fit shared memory at D = 256
+        if interpreted:
+            return cls(block_d=block_d, block_m=16, block_n=64, num_warps=1, interpreted=True)
+        wide = block_d * dtype.itemsize  # bytes of one token's head vector
+        block_n = 64 if wide <= 256 else 32
+        block_m = 64 if wide <= 512 else 32  # fp32 at D = 256: 32 query rows per tile
         warps = 4 if block_d <= 64 else 8
-        return cls(block_d=block_d, block_m=64, block_n=block_n, num_warps=warps)
+        return cls(block_d=block_d, block_m=block_m, block_n=block_n, num_warps=warps)
 
 
 def triton_next_power_of_2(n: int) -> int:
@@ -176,7 +184,7 @@ class TritonBackend(PagedBackendBase):
         device = geometry.device
         kernels(device)  # refuses a device Triton cannot serve in this process, before forward
         interpreted = device.type == "cpu"
-        tiling = Tiling.choose(self.head_dim, interpreted)
+        tiling = Tiling.choose(self.head_dim, geometry.dtype, interpreted)
         rows = len(checked.seq_lens)
         width = max([len(p) for p in checked.pages] + [1])
         table = [
@@ -231,7 +239,7 @@ class TritonBackend(PagedBackendBase):
         """
         group_pad = triton_next_power_of_2(self.group)
         rows = max(tiling.block_m, group_pad)
-        if tiling.num_warps == 1:  # interpreted
+        if tiling.interpreted:
             rows = max(rows, min(256, triton_next_power_of_2(longest_query * group_pad)))
         return rows
 
@@ -256,7 +264,7 @@ class TritonBackend(PagedBackendBase):
         plan: TritonPlan = step.plan
         interpreted = query.device.type == "cpu"
         code = kernels(query.device)
-        tiling = Tiling.choose(self.head_dim, interpreted)
+        tiling = Tiling.choose(self.head_dim, query.dtype, interpreted)
         fp32_dots = interpreted and query.dtype == torch.bfloat16
         precision = "ieee" if query.dtype == torch.float32 else "tf32"
         make = torch.empty if plan.all_tokens_covered else torch.zeros
