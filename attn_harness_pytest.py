@@ -158,6 +158,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if shrink is not None:
         _limit_shrinking(shrink)
     _STATE["entries"] = None
+    _STATE["not_claiming"] = []
     _STATE["coverage"] = None
     _STATE["modules"] = {}
     _STATE["deselected"] = False
@@ -260,10 +261,20 @@ def _resolve(specs: list[str]) -> list[Any]:
 
 
 def selected_entries() -> list[Any]:
+    """The ``--backend`` entries; without one, every registered backend that claims the device.
+
+    A registered backend that claims no such device here (a built-in whose
+    optional package is not installed) is left out of a default run and
+    named in the header, rather than failing it for checking nothing; asked
+    for by name, it runs and fails so.
+    """
     if _STATE["entries"] is None:
         from harness.registry import default_registry
 
-        _STATE["entries"] = default_registry().entries()
+        entries = default_registry().entries()
+        device = _STATE["device"]
+        _STATE["entries"] = [e for e in entries if device in e.capabilities.devices]
+        _STATE["not_claiming"] = [e.name for e in entries if device not in e.capabilities.devices]
     return list(_STATE["entries"])
 
 
@@ -296,8 +307,13 @@ def profile_for(entry: Any) -> Any:
 
 
 def sizing_notes() -> list[str]:
-    """One line per selected backend that runs interpreted here: how its draws are sized."""
-    notes = []
+    """Lines for the header: registered backends left out of a default run, and how the
+    draws of a backend that runs interpreted here are sized."""
+    notes = [
+        f"{name} not run: registered, but claims no {_STATE['device']!r} device here "
+        f"(attn-harness list --backend {name} shows its capabilities)"
+        for name in _STATE.get("not_claiming", [])
+    ]
     for entry in selected_entries():
         if interpreted_here(entry):
             profile = profile_for(entry)

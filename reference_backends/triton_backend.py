@@ -157,10 +157,13 @@ class TritonBackend(PagedBackendBase):
 
     @classmethod
     def capabilities(cls) -> Capabilities:
-        """fp32/fp16/bf16, any page size and head dim; CPU (interpreted) and CUDA."""
-        return Capabilities(
-            dtypes=_SUPPORTED_DTYPES, devices=("cpu", "cuda"), interpreted_devices=("cpu",)
-        )
+        """fp32/fp16/bf16, any page size and head dim; CPU (interpreted) and CUDA.
+
+        Without the triton package it claims no device, so a default run of
+        every registered backend leaves it out instead of failing on it.
+        """
+        devices = ("cpu", "cuda") if _triton_available() else ()
+        return Capabilities(dtypes=_SUPPORTED_DTYPES, devices=devices, interpreted_devices=("cpu",))
 
     def bind_kv_caches(self, layer_caches: list[LayerCache]) -> None:
         for index, cache in enumerate(layer_caches):

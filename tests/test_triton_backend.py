@@ -173,3 +173,12 @@ def test_cpu_use_after_a_compiled_triton_import_is_refused_clearly():
     )
     assert result.stdout.startswith("Unsupported")
     assert "TRITON_INTERPRET=1" in result.stdout
+
+
+def test_without_the_triton_package_it_claims_no_device_and_says_what_to_install(monkeypatch):
+    import reference_backends.triton_backend as module
+
+    monkeypatch.setattr(module, "_triton_available", lambda: False)
+    assert TritonBackend.capabilities().devices == ()
+    with pytest.raises(Unsupported, match=r"attn-harness\[triton\]"):
+        make(Scenario())
