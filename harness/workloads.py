@@ -120,7 +120,7 @@ class Workload:
 
     name: str
     version: int
-    kind: str  # decode, prefill, extend, mixed or dp-scaling
+    kind: str  # decode, prefill, extend, mixed, dp-scaling or targets
     description: str
     cpu: tuple[CaseSpec, ...]
     gpu: tuple[CaseSpec, ...]
@@ -248,12 +248,25 @@ def _build() -> dict[str, Workload]:
             _seeded("dp-scaling", _dp(8, 1024)),
             _seeded("dp-scaling", _dp(64, 4096, **GPU)),
         ),
+        Workload(
+            "targets",
+            1,
+            "targets",
+            "the optimized backends' speed targets: CPU decode 32 x 2048 fp32; "
+            "GPU decode 64 x 8192 and causal prefill 8 x 4096 in bf16",
+            _seeded("targets", _decode(32, (2048,))),
+            _seeded(
+                "targets",
+                _decode(64, (8192,), **GPU) + _prefill(((8, 4096),), **GPU),
+            ),
+        ),
     ]
     return {w.name: w for w in specs}
 
 
 WORKLOADS: dict[str, Workload] = _build()
-DEFAULT_WORKLOADS: tuple[str, ...] = tuple(WORKLOADS)  # all five at CPU size: about a minute
+DEFAULT_WORKLOADS: tuple[str, ...] = tuple(w for w in WORKLOADS if w != "targets")
+"""The five sweeps, at CPU size about a minute; ``targets`` runs only when named."""
 
 
 def list_workloads() -> list[Workload]:
