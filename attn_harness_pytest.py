@@ -428,7 +428,7 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
     """
     test = getattr(item, "obj", None)
     entry = backend_entry_of(item)
-    if not hasattr(test, "hypothesis"):
+    if test is None or not hasattr(test, "hypothesis"):
         yield
         return
     settings_attribute = "_hypothesis_internal_use_settings"

@@ -15,8 +15,8 @@ CONSTRAINTS = ("-c", "constraints.txt")
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The unit tests (CPU)."""
-    session.install(*CONSTRAINTS, "-e", ".[test]")
+    """The unit tests (CPU; the triton backend's under Triton's interpreter)."""
+    session.install(*CONSTRAINTS, "-e", ".[test,triton]")
     session.run("pytest", *session.posargs)
 
 
@@ -27,7 +27,7 @@ def conformance(session: nox.Session) -> None:
     Extra arguments go to ``attn-harness conform``, e.g.
     ``nox -s conformance -- --backend my_pkg.attn:MyBackend --profile thorough``.
     """
-    session.install(*CONSTRAINTS, "-e", ".")
+    session.install(*CONSTRAINTS, "-e", ".[triton]")
     session.run("attn-harness", "conform", *session.posargs)
 
 
