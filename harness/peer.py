@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from harness.scenario import StepInputs
 
@@ -24,7 +25,7 @@ class _PeerGroup:
     query: torch.Tensor  # [B, H, q, D]
     key: torch.Tensor  # [B, KV, L, D]
     value: torch.Tensor
-    mask: torch.Tensor | None  # [q, L], bottom-right causal, True = attend
+    mask: torch.Tensor | None  # a CausalBias (bottom-right causal, q < L), or None
     is_causal: bool
     tokens: torch.Tensor  # [B * q] query-token ids, in (b, j) order
 
@@ -34,10 +35,17 @@ class ContiguousPeer:
 
     Sequences of equal (query, context) length share one SDPA call on
     ``[B, KV, L, D]`` tensors (one call for the uniform sweeps), with
-    ``enable_gqa`` and an explicit bottom-right causal mask where the query
-    is shorter than the context (SDPA's ``is_causal`` is top-left aligned,
-    which matches only a square block). The timed call does the attention
-    only; ``assemble`` lays the outputs out as ``[T, H, D]`` for the check.
+    ``enable_gqa``. Where the query is shorter than the context the mask is
+    bottom-right causal (SDPA's ``is_causal`` is top-left aligned, which
+    matches only a square block), given as torch's ``causal_lower_right``
+    bias rather than a boolean tensor: a boolean mask rules out the flash
+    and cuDNN kernels, so the peer would fall to the math kernel on a GPU
+    and every ratio would flatter the backends; the bias runs the flash
+    kernel (which aligns causal masks bottom-right and takes GQA as is)
+    where it applies, and materialises the same boolean mask where it does
+    not (the CPU). Square causal blocks use ``is_causal``, decode rows no
+    mask. The timed call does the attention only; ``assemble`` lays the
+    outputs out as ``[T, H, D]`` for the check.
     """
 
     def __init__(self, inputs: StepInputs) -> None:
@@ -60,10 +68,8 @@ class ContiguousPeer:
             values = torch.stack([seq.value for seq in seqs if seq is not None])
             queries = torch.stack([query[b : b + q] for _, b in members])
             causal = s.causal and q > 1
-            mask = None
-            if causal and q < length:
-                mask = torch.ones(q, length, dtype=torch.bool, device=query.device)
-                mask = mask.tril(length - q)
+            # a tensor subclass that SDPA dispatches on; its own (uninitialised) storage is unused
+            mask = causal_lower_right(q, length) if causal and q < length else None
             tokens = [b + j for _, b in members for j in range(q)]
             self.groups.append(
                 _PeerGroup(

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from torch.nn.attention.bias import CausalBias
 
 import harness.bench as bench
 import harness.bench_cli as bench_cli
@@ -100,9 +101,10 @@ def test_peer_uses_one_sdpa_call_per_shape_and_a_bottom_right_mask():
     peer = ContiguousPeer(case.inputs)
     assert len(peer.groups) == 5
     extend = next(g for g in peer.groups if g.query.shape[2] == 3)  # q=3 of L=8
-    assert extend.mask is not None
-    assert extend.mask.shape == (3, 8)
-    assert extend.mask[0].tolist() == [True] * 6 + [False] * 2  # position 5 sees 0..5
+    assert isinstance(extend.mask, CausalBias)  # SDPA's flash path, not a boolean mask
+    assert (extend.mask.seq_len_q, extend.mask.seq_len_kv) == (3, 8)
+    visible = extend.mask._materialize()
+    assert visible[0].tolist() == [True] * 6 + [False] * 2  # position 5 sees 0..5
     prompt = next(g for g in peer.groups if g.query.shape[2] == 13)
     assert prompt.is_causal
     assert prompt.mask is None

@@ -1,20 +1,234 @@
-"""The prepared GPU script degrades to a clear report where there is no GPU."""
+"""The prepared GPU script: what can be checked without a GPU.
+
+It degrades to a clear report where there is no GPU, skips a backend that
+is not registered or cannot be loaded, keeps to its time budget, stops a
+step at its limit without losing that step's reports, and builds its summary
+from whatever files exist. The bench step's incremental runner is driven on
+the CPU with a tiny workload.
+"""
 
 from __future__ import annotations
+
+import json
+import sys
+import tarfile
+import time
 
 import pytest
 import torch
 
-from harness.gpu_check import main
+from harness import gpu_check
+from harness.bench import BenchConfig
+from harness.gpu_check import StepResult, main
+from harness.registry import BackendEntry
+from harness.results import load_results
+from harness.timing import TimingConfig
+from harness.workloads import CaseSpec, Workload
+from reference_backends import SdpaBackend
+
+SMALL = {"num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "page_size": 4}
+DECODE = (
+    CaseSpec("decode a", (9, 5), (1, 1), seed=1, **SMALL),
+    CaseSpec("decode b", (13, 7), (1, 1), seed=2, **SMALL),
+    CaseSpec("decode c", (21, 3), (1, 1), seed=3, **SMALL),
+)
+PREFILL = (CaseSpec("prefill a", (6, 3), (6, 3), seed=4, **SMALL),)
+WORKLOADS = (
+    Workload("tiny-decode", 1, "decode", "tests only", DECODE, DECODE),
+    Workload("tiny-prefill", 1, "prefill", "tests only", PREFILL, PREFILL),
+)
+FAST = BenchConfig(
+    timing=TimingConfig(warmup=1, min_samples=5, max_samples=5, cold_cache=False),
+    prepare_timing=TimingConfig(warmup=0, min_samples=5, max_samples=5, cold_cache=False),
+)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
-def test_without_a_gpu_every_step_reports_and_the_run_fails(tmp_path, capsys):
+def test_without_a_gpu_every_step_reports_and_the_run_fails(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    archive = tmp_path / "run.tar.gz"
+    code = main(
+        ["out", "--quick", "--backend", "sdpa", "--backend", "no-such", "--archive", str(archive)]
+    )
+    assert code == 1
+    out = capsys.readouterr().out
+    run = tmp_path / "out"  # a relative OUT_DIR is made absolute: steps run from the checkout
+    assert "no CUDA device visible" in out
+    assert "skip no-such: not registered" in out
+    assert "conformance (kill profile, cuda):" in out
+    assert "sdpa: exit " in out
+    assert "sdpa: exit 0" not in out
+    assert "no CUDA" in (run / "conformance-sdpa.log").read_text()
+    assert not (run / "conformance-no-such.log").exists()
+    assert "graph-mode check (cuda): exit 2" in out
+    assert "no CUDA device" in (run / "graph-check.log").read_text()
+    assert "no results file" in out
+    assert "no CUDA device" in (run / "bench.log").read_text()
+    assert (run / "environment.txt").exists()
+    assert "SDPA enabled: flash" in (run / "environment.txt").read_text()
+    assert not (run / "bench-cuda.json").exists()
+    assert out.rstrip().splitlines()[-1].startswith("archive: ")
+    with tarfile.open(archive) as tar:
+        assert "out/environment.txt" in tar.getnames()
+
+
+def test_only_unknown_backends_runs_nothing(tmp_path, capsys):
+    assert main([str(tmp_path), "--quick", "--backend", "no-such"]) == 1
+    out = capsys.readouterr().out
+    assert "skip no-such: not registered" in out
+    assert "not run (no backend to check)" in out
+    assert not list(tmp_path.glob("*.log"))
+
+
+def test_a_backend_that_cannot_be_imported_is_skipped_with_its_error():
+    found, skipped = gpu_check.available_backends(
+        ["sdpa", "tests/fixtures/broken_backend.py:Nope", "no-such"]
+    )
+    assert found == ["sdpa"]
+    assert "cannot be loaded" in skipped[0]
+    assert "exploded" in skipped[0]
+    assert skipped[1].startswith("skip no-such: not registered")
+
+
+def test_steps_past_the_total_budget_are_skipped_not_started(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(gpu_check, "QUICK_TOTAL_S", gpu_check.RESERVE_S + 5)
     assert main([str(tmp_path), "--quick", "--backend", "sdpa"]) == 1
     out = capsys.readouterr().out
-    assert "no CUDA device visible" in out
-    assert "conformance (kill profile, cuda): exit 2" in out
-    assert "no results file" in out
-    assert "no CUDA device" in (tmp_path / "bench.log").read_text()
-    assert (tmp_path / "environment.txt").exists()
-    assert not (tmp_path / "bench-cuda.json").exists()
+    assert out.count("not run (out of time") >= 3
+    assert not list(tmp_path.glob("*.log"))
+
+
+def test_the_budget_fits_the_lease():
+    full, quick = gpu_check.FULL_LIMITS, gpu_check.QUICK_LIMITS
+    assert full.conformance + full.graph + full.bench <= gpu_check.FULL_TOTAL_S
+    assert quick.conformance + quick.graph + quick.bench <= gpu_check.QUICK_TOTAL_S
+    grace = gpu_check.INTERRUPT_GRACE_S
+    assert gpu_check.FULL_TOTAL_S + grace < 8 * 60
+    assert gpu_check.QUICK_TOTAL_S + grace < 4 * 60
+
+
+def test_a_step_past_its_limit_is_interrupted_and_reported(tmp_path):
+    start = time.monotonic()
+    script = (
+        "import time\n"
+        "try:\n    time.sleep(30)\n"
+        "except KeyboardInterrupt:\n    print('wrote my report')\n    raise"
+    )
+    result = gpu_check._run("slow", [sys.executable, "-c", script], tmp_path, timeout=1.0)
+    assert time.monotonic() - start < 15
+    assert result.rc == 124
+    assert result.timed_out
+    log = (tmp_path / "slow.log").read_text()
+    assert "wrote my report" in log  # SIGINT first: the step could still write its reports
+    assert "stopped after 1 s" in log
+
+
+def test_a_step_ignoring_sigint_is_killed(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "INTERRUPT_GRACE_S", 1.0)
+    script = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(30)"
+    start = time.monotonic()
+    result = gpu_check._run("stubborn", [sys.executable, "-c", script], tmp_path, timeout=1.0)
+    assert time.monotonic() - start < 15
+    assert result.rc == 124
+
+
+def test_conformance_runs_production_shapes_first_one_backend_per_run(tmp_path):
+    command = gpu_check.conformance_command(tmp_path, "path/to/my.py:Backend", "ci")
+    modules = [a for a in command if a.startswith("suites.conformance.")]
+    assert modules[0] == "suites.conformance.test_production_shapes"
+    assert len(modules) == len(set(modules)) > 5
+    assert command[command.index("--backend") + 1] == "path/to/my.py:Backend"
+    assert f"--junitxml={tmp_path / 'conformance-path_to_my.py_Backend.xml'}" in command
+    assert command[command.index("--conformance-device") + 1] == "cuda"
+
+
+def test_conformance_counts_survive_a_broken_report(tmp_path):
+    report = tmp_path / "conformance-x.xml"
+    report.write_text("<testsuites><testsuite")
+    assert gpu_check._conformance_counts(report) == {}
+
+
+def test_bench_step_saves_after_every_case_in_workload_order(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    entry = BackendEntry("sdpa", SdpaBackend, "test")
+    record = gpu_check.run_bench_step(path, [entry], WORKLOADS, FAST, deadline_s=600)
+    assert record is not None
+    log = capsys.readouterr().out
+    # the workloads' cases alternate, so a step cut short has some of each
+    order = [line.split("] ")[1] for line in log.splitlines() if line.startswith("[")]
+    assert order == [
+        "tiny-decode@1/decode a",
+        "tiny-prefill@1/prefill a",
+        "tiny-decode@1/decode b",
+        "tiny-decode@1/decode c",
+    ]
+    saved = load_results(path)
+    assert [(c.case, c.backend) for c in saved.cases] == [
+        (case, backend)
+        for case in ("decode a", "decode b", "decode c", "prefill a")
+        for backend in ("contiguous-sdpa", "sdpa")
+    ]
+    assert {w["name"] for w in saved.workloads} == {"tiny-decode", "tiny-prefill"}
+    assert all(c.status == "PASSED" for c in saved.cases)
+    assert saved.ceilings["used"] == "measured"  # probed once, by the first case
+    bandwidth = saved.ceilings["measured"]["memory_bandwidth"]
+    for case in saved.cases:  # every case against the first case's ceilings
+        work = CaseSpec.from_json(case.spec).work()
+        expected = work.bytes / case.metrics["median_s"] / bandwidth
+        assert case.metrics["bandwidth_fraction"] == pytest.approx(expected)
+    backends = [c for c in saved.cases if c.role == "backend"]
+    assert all(c.metrics["ratio_to_peer"] is not None for c in backends)
+
+
+def test_bench_step_starts_no_case_past_its_deadline(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    entry = BackendEntry("sdpa", SdpaBackend, "test")
+    record = gpu_check.run_bench_step(path, [entry], WORKLOADS[:1], FAST, deadline_s=0.0)
+    assert record is None
+    assert "out of time: 3 cases not started" in capsys.readouterr().out
+    assert not path.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_bench_step_without_cuda_says_so(tmp_path, capsys):
+    code = gpu_check.bench_main(
+        [
+            str(tmp_path / "b.json"),
+            "--workload",
+            "decode-sweep",
+            "--backend",
+            "sdpa",
+            "--deadline",
+            "9",
+        ]
+    )
+    assert code == 2
+    assert "no CUDA device" in capsys.readouterr().out
+
+
+def test_summary_is_built_from_whatever_files_exist(tmp_path, capsys):
+    entry = BackendEntry("sdpa", SdpaBackend, "test")
+    gpu_check.run_bench_step(
+        tmp_path / "bench-cuda.json", [entry], [WORKLOADS[1]], FAST, deadline_s=600
+    )
+    capsys.readouterr()
+    (tmp_path / "graph-check.json").write_text(
+        json.dumps({"backends": [{"backend": "sdpa", "status": "PASS", "reason": "2 shapes"}]})
+    )
+    (tmp_path / "conformance-sdpa.xml").write_text(
+        '<testsuites><testsuite><testcase name="t"><properties>'
+        '<property name="backend" value="sdpa"/></properties></testcase>'
+        '<testcase name="u"><properties><property name="backend" value="sdpa"/>'
+        '</properties><failure message="x"/></testcase></testsuite></testsuites>'
+    )
+    conformance = [("sdpa", StepResult("conformance-sdpa", 124, 50.0, 50.0))]
+    steps = [StepResult("graph-check", 1, 3.0, 60.0), StepResult("bench", None, note="out of time")]
+    text = gpu_check.summary(
+        tmp_path, "env line", ["skip flex: not registered"], conformance, steps, "ci"
+    )
+    assert "sdpa: stopped at its 50 s limit" in text
+    assert "passed   1  failed   1" in text
+    assert "PASS sdpa: 2 shapes" in text
+    assert "prefill a" in text  # the bench table, from the results file
+    assert text.splitlines()[-1].startswith("bench ")  # the short table is last
+    assert "not run (out of time)" in text.splitlines()[-1]
