@@ -21,8 +21,9 @@ hung or slow step cannot eat the lease. Steps, in order:
    what ran;
 3. the graph-mode check (``harness.graph_check``): no host synchronisation
    in ``forward``, and a CUDA-graph replay that matches eager and the oracle;
-4. benchmarks: the GPU sizes of ``decode-sweep`` and ``prefill-sweep``
-   (decode only with ``--quick``), every backend beside the contiguous SDPA
+4. benchmarks: the GPU sizes of ``targets`` (the optimized backends' speed
+   targets), ``decode-sweep`` and ``prefill-sweep`` (no prefill sweep with
+   ``--quick``), every backend beside the contiguous SDPA
    peer, each case checked against the oracle first. Cases of the two
    workloads alternate and the results file is rewritten after each one,
    so a step cut short keeps every case it finished. The bench measures the
@@ -543,7 +544,8 @@ def main(argv: list[str] | None = None) -> int:
     for line in skipped:
         print(line, flush=True)
     profile = "kill" if args.quick else "ci"
-    workloads = ["decode-sweep"] if args.quick else ["decode-sweep", "prefill-sweep"]
+    # the speed targets' two cases (decode 64 x 8192, causal prefill 8 x 4096) beside the sweeps
+    workloads = ["targets", "decode-sweep"] + ([] if args.quick else ["prefill-sweep"])
 
     def step(name: str, wanted: float, build: Any) -> StepResult:
         if not backends:
