@@ -6,14 +6,22 @@ not touch any registry.
 
 from __future__ import annotations
 
+from reference_backends.compiled import CompiledBackend
 from reference_backends.reference import ReferenceBackend
 from reference_backends.sdpa import SdpaBackend
 from reference_backends.triton_backend import TritonBackend
 
 BUILTIN_BACKENDS: dict[str, type] = {
+    "compiled": CompiledBackend,
     "reference": ReferenceBackend,
     "sdpa": SdpaBackend,
     "triton": TritonBackend,
 }
 
-__all__ = ["BUILTIN_BACKENDS", "ReferenceBackend", "SdpaBackend", "TritonBackend"]
+__all__ = [
+    "BUILTIN_BACKENDS",
+    "CompiledBackend",
+    "ReferenceBackend",
+    "SdpaBackend",
+    "TritonBackend",
+]

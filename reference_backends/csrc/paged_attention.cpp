@@ -1,0 +1,721 @@
+// Paged attention on the CPU for the `compiled` backend (reference_backends/compiled.py).
+//
+// Plain C++ (no torch headers, so it builds in seconds with any g++/clang++) loaded
+// through ctypes. One work item is a (query tile, key split) of one sequence for a group
+// of KV heads: each head's query heads (its GQA group) share every K/V row it loads, keys
+// are read in place from the pages through the block table and the cache's own strides,
+// and the softmax is online (running max and sum in fp32) over blocks of keys, so no key
+// outside a row's visible range is ever read: NaN garbage past a sequence's end never
+// reaches an output. The next block is prefetched a few lines at a time between compute
+// chunks. Items whose keys were split write unnormalised partials that a second pass
+// merges (flash-decoding). OpenMP shares torch's runtime (libgomp.so.1).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__F16C__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#ifndef PAGED_ATTENTION_PREFETCH_LOCALITY
+#define PAGED_ATTENTION_PREFETCH_LOCALITY 2
+#endif
+
+namespace {
+
+enum DType : int64_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+// Mirrors the ctypes Structure in compiled.py: every field 8 bytes, in this order.
+struct Params {
+  int64_t dtype;
+  int64_t num_heads, num_kv_heads, head_dim, page_size;
+  const void* q;
+  int64_t q_s0, q_s1, q_s2;
+  const void* k;
+  int64_t k_s0, k_s1, k_s2, k_s3;
+  const void* v;
+  int64_t v_s0, v_s1, v_s2, v_s3;
+  void* out;  // contiguous [T, H, D] in dtype
+  const int32_t* block_table;  // flat local page ids; a tile's row starts at its bt_off
+  const int32_t* tiles;  // [num_tiles, 8], see Tile
+  int64_t num_tiles;
+  const int32_t* merges;  // [num_merges, 4]: first partial, splits, q_token, q_count
+  int64_t num_merges;
+  float* partials;  // [slots, max_rows * (head_dim + 2)] workspace
+  int64_t max_rows;  // most query rows (tokens x GQA group) of a tile, per KV head
+  int64_t heads_per_item;  // KV heads one work item runs
+  int64_t causal;
+  int64_t num_threads;
+  double scale;
+};
+
+// Fields of one tile row; the kernel runs it once per KV head.
+enum Tile { kQToken, kQCount, kQPos, kBtOff, kKBegin, kKEnd, kPart, kTileFields = 8 };
+
+#ifndef PAGED_ATTENTION_BLOCK
+#define PAGED_ATTENTION_BLOCK 32
+#endif
+constexpr int64_t kBlock = PAGED_ATTENTION_BLOCK;  // keys per online-softmax block
+#ifndef PAGED_ATTENTION_CHUNK
+#define PAGED_ATTENTION_CHUNK 4
+#endif
+constexpr int64_t kChunk = PAGED_ATTENTION_CHUNK;  // keys computed between prefetch rounds
+#ifndef PAGED_ATTENTION_PREFETCH
+#define PAGED_ATTENTION_PREFETCH 1
+#endif
+constexpr bool kPrefetch = PAGED_ATTENTION_PREFETCH != 0;  // off: to measure what it buys
+
+inline void prefetch_line(const void* p) {
+#if defined(__GNUC__)
+  __builtin_prefetch(p, 0, PAGED_ATTENTION_PREFETCH_LOCALITY);
+#else
+  (void)p;
+#endif
+}
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+inline float bits_to_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint32_t float_to_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+inline float bf16_to_float(uint16_t h) { return bits_to_float(uint32_t(h) << 16); }
+
+inline uint16_t float_to_bf16(float f) {  // round to nearest even, NaN kept NaN
+  uint32_t u = float_to_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+// IEEE half <-> float in software (as c10's Half.h), for compilers without F16C.
+inline float half_to_float(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  const uint32_t w = uint32_t(h) << 16;
+  const uint32_t sign = w & 0x80000000u;
+  const uint32_t two_w = w + w;
+  const float exp_scale = bits_to_float(0x7800000u);  // 2^-112
+  const float normalized = bits_to_float((two_w >> 4) + (0xE0u << 23)) * exp_scale;
+  const float denormalized = bits_to_float((two_w >> 17) | (126u << 23)) - 0.5f;
+  const uint32_t result =
+      sign | (two_w < (1u << 27) ? float_to_bits(denormalized) : float_to_bits(normalized));
+  return bits_to_float(result);
+#endif
+}
+
+inline uint16_t float_to_half(float f) {
+#if defined(__F16C__)
+  return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+  const float scale_to_inf = bits_to_float(0x77800000u);  // 2^112
+  const float scale_to_zero = bits_to_float(0x08800000u);  // 2^-110
+  float base = (std::fabs(f) * scale_to_inf) * scale_to_zero;
+  const uint32_t w = float_to_bits(f);
+  const uint32_t shl1_w = w + w;
+  const uint32_t sign = w & 0x80000000u;
+  uint32_t bias = shl1_w & 0xFF000000u;
+  if (bias < 0x71000000u) bias = 0x71000000u;
+  base = bits_to_float((bias >> 1) + 0x07800000u) + base;
+  const uint32_t bits = float_to_bits(base);
+  const uint32_t exp_bits = (bits >> 13) & 0x00007C00u;
+  const uint32_t mantissa_bits = bits & 0x00000FFFu;
+  const uint32_t nonsign = exp_bits + mantissa_bits;
+  return uint16_t((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+#endif
+}
+
+// One row of `n` elements at `stride` (elements) as fp32 in `dst`.
+inline void load_row(const void* src, int64_t stride, int64_t n, int64_t dtype, float* dst) {
+  if (dtype == kF32) {
+    const float* s = static_cast<const float*>(src);
+    if (stride == 1) {
+      std::memcpy(dst, s, size_t(n) * sizeof(float));
+    } else {
+      for (int64_t i = 0; i < n; ++i) dst[i] = s[i * stride];
+    }
+    return;
+  }
+  const uint16_t* s = static_cast<const uint16_t*>(src);
+  if (dtype == kBF16) {
+    if (stride == 1) {
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) dst[i] = bits_to_float(uint32_t(s[i]) << 16);
+    } else {
+      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(s[i * stride]);
+    }
+    return;
+  }
+  int64_t i = 0;
+#if defined(__F16C__) && defined(__AVX__)
+  if (stride == 1) {
+    for (; i + 8 <= n; i += 8) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+    }
+  }
+#endif
+  for (; i < n; ++i) dst[i] = half_to_float(s[i * stride]);
+}
+
+inline void store_row(const float* src, int64_t n, float factor, int64_t dtype, void* dst) {
+  if (dtype == kF32) {
+    float* d = static_cast<float*>(dst);
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) d[i] = src[i] * factor;
+    return;
+  }
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  if (dtype == kBF16) {
+    for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(src[i] * factor);
+  } else {
+    for (int64_t i = 0; i < n; ++i) d[i] = float_to_half(src[i] * factor);
+  }
+}
+
+// exp(x) for x <= 0 (a logit minus its running max), vectorisable: Cephes' expf
+// polynomial on x - n ln2 times 2^n. Returns exactly 0 below -87 (and for -inf),
+// so masked keys get zero weight. Relative error ~2 ulp.
+inline float exp_nonpositive(float x) {
+  const bool underflow = x < -87.0f;
+  x = std::max(x, -87.0f);
+  x = std::min(x, 0.0f);
+  const float fx = std::floor(x * 1.44269504088896341f + 0.5f);
+  float r = x - fx * 0.693359375f;
+  r = r + fx * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  const int32_t n = int32_t(fx);
+  const float pow2n = bits_to_float(uint32_t(n + 127) << 23);
+  return underflow ? 0.0f : y * pow2n;
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+inline void axpy(float alpha, const float* x, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+#define PAGED_ATTENTION_AVX2 1
+
+inline float hsum(__m256 v) {
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  __m128 shuf = _mm_movehdup_ps(lo);
+  __m128 sums = _mm_add_ps(lo, shuf);
+  shuf = _mm_movehl_ps(shuf, sums);
+  return _mm_cvtss_f32(_mm_add_ss(sums, shuf));
+}
+
+// S[r][t] = Q[r] . K[t] for NR query rows and NT keys: NR x NT independent FMA chains,
+// each K chunk loaded once for all NR rows.
+template <int NR, int NT>
+inline void logits_kernel(const float* Q, int64_t D, const float* const* k, float* S) {
+  __m256 acc[NR][NT];
+  for (int r = 0; r < NR; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
+  int64_t d = 0;
+  for (; d + 8 <= D; d += 8) {
+    __m256 kv[NT];
+    for (int t = 0; t < NT; ++t) kv[t] = _mm256_loadu_ps(k[t] + d);
+    for (int r = 0; r < NR; ++r) {
+      const __m256 qv = _mm256_loadu_ps(Q + r * D + d);
+      for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_fmadd_ps(qv, kv[t], acc[r][t]);
+    }
+  }
+  float sums[NR][NT];
+  if constexpr (NR * NT == 8) {  // eight horizontal sums at once: 7 shuffles + adds, not 40
+    __m256* a = &acc[0][0];
+    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    const __m256 total = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                                       _mm256_permute2f128_ps(u0, u1, 0x31));
+    _mm256_storeu_ps(&sums[0][0], total);
+  } else {
+    for (int r = 0; r < NR; ++r)
+      for (int t = 0; t < NT; ++t) sums[r][t] = hsum(acc[r][t]);
+  }
+  for (int r = 0; r < NR; ++r) {
+    for (int t = 0; t < NT; ++t) {
+      float s = sums[r][t];
+      for (int64_t e = d; e < D; ++e) s += Q[r * D + e] * k[t][e];
+      S[r * kBlock + t] = s;
+    }
+  }
+}
+
+// acc[r] += sum_t S[r][t] V[t] for NR rows: the accumulator stays in registers over
+// the whole block, each V chunk loaded once for all NR rows.
+template <int NR>
+inline void values_kernel(const float* S, int64_t D, const float* const* v, int64_t nb,
+                          float* acc) {
+  int64_t d = 0;
+  for (; d + 16 <= D; d += 16) {
+    __m256 a[NR][2];
+    for (int r = 0; r < NR; ++r) {
+      a[r][0] = _mm256_loadu_ps(acc + r * D + d);
+      a[r][1] = _mm256_loadu_ps(acc + r * D + d + 8);
+    }
+    for (int64_t t = 0; t < nb; ++t) {
+      const __m256 v0 = _mm256_loadu_ps(v[t] + d);
+      const __m256 v1 = _mm256_loadu_ps(v[t] + d + 8);
+      for (int r = 0; r < NR; ++r) {
+        const __m256 p = _mm256_broadcast_ss(S + r * kBlock + t);
+        a[r][0] = _mm256_fmadd_ps(p, v0, a[r][0]);
+        a[r][1] = _mm256_fmadd_ps(p, v1, a[r][1]);
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      _mm256_storeu_ps(acc + r * D + d, a[r][0]);
+      _mm256_storeu_ps(acc + r * D + d + 8, a[r][1]);
+    }
+  }
+  for (; d + 8 <= D; d += 8) {
+    __m256 a[NR];
+    for (int r = 0; r < NR; ++r) a[r] = _mm256_loadu_ps(acc + r * D + d);
+    for (int64_t t = 0; t < nb; ++t) {
+      const __m256 v0 = _mm256_loadu_ps(v[t] + d);
+      for (int r = 0; r < NR; ++r) {
+        a[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(S + r * kBlock + t), v0, a[r]);
+      }
+    }
+    for (int r = 0; r < NR; ++r) _mm256_storeu_ps(acc + r * D + d, a[r]);
+  }
+  for (; d < D; ++d) {
+    for (int r = 0; r < NR; ++r) {
+      float a = acc[r * D + d];
+      for (int64_t t = 0; t < nb; ++t) a += S[r * kBlock + t] * v[t][d];
+      acc[r * D + d] = a;
+    }
+  }
+}
+
+template <int NR>
+inline void logits_rows(const float* Q, int64_t D, const float* const* k, int64_t nb, float* S) {
+  int64_t t = 0;
+  for (; t + 2 <= nb; t += 2) logits_kernel<NR, 2>(Q, D, k + t, S + t);
+  if (t < nb) logits_kernel<NR, 1>(Q, D, k + t, S + t);
+}
+#endif
+
+// S[r][t] = Q[r] . K[t] for every row and key of a block.
+inline void block_logits(const float* Q, int64_t R, int64_t D, const float* const* k, int64_t nb,
+                         float* S) {
+#ifdef PAGED_ATTENTION_AVX2
+  int64_t r = 0;
+  for (; r + 4 <= R; r += 4) logits_rows<4>(Q + r * D, D, k, nb, S + r * kBlock);
+  switch (R - r) {
+    case 3: logits_rows<3>(Q + r * D, D, k, nb, S + r * kBlock); break;
+    case 2: logits_rows<2>(Q + r * D, D, k, nb, S + r * kBlock); break;
+    case 1: logits_rows<1>(Q + r * D, D, k, nb, S + r * kBlock); break;
+    default: break;
+  }
+#else
+  for (int64_t t = 0; t < nb; ++t)
+    for (int64_t r = 0; r < R; ++r) S[r * kBlock + t] = dot(Q + r * D, k[t], D);
+#endif
+}
+
+// acc[r] += sum_t S[r][t] V[t] for every row of a block.
+inline void block_values(const float* S, int64_t R, int64_t D, const float* const* v, int64_t nb,
+                         float* acc) {
+#ifdef PAGED_ATTENTION_AVX2
+  int64_t r = 0;
+  for (; r + 4 <= R; r += 4) values_kernel<4>(S + r * kBlock, D, v, nb, acc + r * D);
+  switch (R - r) {
+    case 3: values_kernel<3>(S + r * kBlock, D, v, nb, acc + r * D); break;
+    case 2: values_kernel<2>(S + r * kBlock, D, v, nb, acc + r * D); break;
+    case 1: values_kernel<1>(S + r * kBlock, D, v, nb, acc + r * D); break;
+    default: break;
+  }
+#else
+  for (int64_t t = 0; t < nb; ++t)
+    for (int64_t r = 0; r < R; ++r) {
+      const float p = S[r * kBlock + t];
+      if (p != 0.0f) axpy(p, v[t], acc + r * D, D);
+    }
+#endif
+}
+
+// p[t] = exp(s[t] - m) in place for t < n; returns the sum of the p.
+inline float exp_block(float* s, int64_t n, float m) {
+  int64_t t = 0;
+  float sum = 0.0f;
+#ifdef PAGED_ATTENTION_AVX2
+  const __m256 lo = _mm256_set1_ps(-87.0f), zero = _mm256_setzero_ps();
+  const __m256 max = _mm256_set1_ps(m);
+  __m256 total = zero;
+  for (; t + 8 <= n; t += 8) {
+    __m256 x = _mm256_sub_ps(_mm256_loadu_ps(s + t), max);
+    const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), zero);
+    const __m256 fx = _mm256_floor_ps(
+        _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    const __m256 y =
+        _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    const __m256i n2 = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    const __m256 e = _mm256_andnot_ps(underflow, _mm256_mul_ps(y, _mm256_castsi256_ps(n2)));
+    _mm256_storeu_ps(s + t, e);
+    total = _mm256_add_ps(total, e);
+  }
+  sum = hsum(total);
+#endif
+  for (; t < n; ++t) {
+    s[t] = exp_nonpositive(s[t] - m);
+    sum += s[t];
+  }
+  return sum;
+}
+
+// The cache lines of a list of spans, prefetched a quota at a time in list order.
+class PrefetchCursor {
+ public:
+  void reset() {
+    spans_.clear();
+    index_ = 0;
+    next_ = 0;
+    lines_ = 0;
+  }
+  void add(const char* p, int64_t bytes) {
+    const uintptr_t first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t(63);
+    const uintptr_t end = reinterpret_cast<uintptr_t>(p) + uintptr_t(bytes);
+    spans_.push_back({first, end});
+    lines_ += int64_t((end - first + 63) / 64);
+  }
+  int64_t lines() const { return lines_; }
+  void issue(int64_t count) {
+    while (count > 0 && index_ < spans_.size()) {
+      const Span& span = spans_[index_];
+      uintptr_t line = next_ ? next_ : span.first;
+      for (; count > 0 && line < span.end; --count, line += 64) {
+        prefetch_line(reinterpret_cast<const void*>(line));
+      }
+      if (line < span.end) {
+        next_ = line;
+      } else {
+        next_ = 0;
+        ++index_;
+      }
+    }
+  }
+
+ private:
+  struct Span {
+    uintptr_t first, end;
+  };
+  std::vector<Span> spans_;
+  size_t index_ = 0;
+  uintptr_t next_ = 0;  // next line of spans_[index_]; 0 = its first
+  int64_t lines_ = 0;
+};
+
+// Per-thread buffers, sized once per call.
+struct Scratch {
+  PrefetchCursor cursor;
+  std::vector<float> q, acc, m, l, scores, kbuf, vbuf;
+  std::vector<const float*> krow, vrow;
+  std::vector<int64_t> limit, kofs, vofs, next_kofs, next_vofs;
+
+  Scratch(int64_t rows, int64_t heads, int64_t d)
+      : q(size_t(heads * rows * d)),
+        acc(size_t(heads * rows * d)),
+        m(size_t(heads * rows)),
+        l(size_t(heads * rows)),
+        scores(size_t(rows * kBlock)),
+        kbuf(size_t(kBlock * d)),
+        vbuf(size_t(kBlock * d)),
+        krow(size_t(kBlock)),
+        vrow(size_t(kBlock)),
+        limit(size_t(rows)),
+        kofs(size_t(kBlock)),
+        vofs(size_t(kBlock)),
+        next_kofs(size_t(kBlock)),
+        next_vofs(size_t(kBlock)) {}
+};
+
+// Element offsets (page and in-page slot, no head) of keys [t0, t0 + n) in K and V.
+inline void token_offsets(const Params& P, const int32_t* pages, int64_t t0, int64_t n,
+                          int64_t* kofs, int64_t* vofs) {
+  int64_t page_index = t0 / P.page_size, offset = t0 % P.page_size;
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t page = pages[page_index];
+    kofs[t] = page * P.k_s0 + offset * P.k_s1;
+    vofs[t] = page * P.v_s0 + offset * P.v_s1;
+    if (++offset == P.page_size) {
+      offset = 0;
+      ++page_index;
+    }
+  }
+}
+
+// The attention of one tile for KV heads [h0, h1): every query row of the tile (query
+// tokens x GQA group) of each head against keys [k_begin, limit), block by block. The
+// heads of a block run back to back, so the block's token rows (all heads, contiguous
+// in an NHD cache) are streamed once; the next block's rows are prefetched meanwhile.
+void attend_tile(const Params& P, const int32_t* tile, int64_t h0, int64_t h1, Scratch& sc) {
+  const int64_t D = P.head_dim;
+  const int64_t G = P.num_heads / P.num_kv_heads;
+  const int64_t H = P.num_heads;
+  const int64_t q_token = tile[kQToken], q_count = tile[kQCount], q_pos = tile[kQPos];
+  const int64_t k_begin = tile[kKBegin], k_end = tile[kKEnd], part = tile[kPart];
+  const int32_t* pages = P.block_table + tile[kBtOff];
+  const int64_t R = q_count * G;
+  const int64_t esize = P.dtype == kF32 ? 4 : 2;
+  const char* qbase = static_cast<const char*>(P.q);
+  const char* kbase = static_cast<const char*>(P.k);
+  const char* vbase = static_cast<const char*>(P.v);
+  const float scale = float(P.scale);
+  const bool k_direct = P.dtype == kF32 && P.k_s3 == 1;
+  const bool v_direct = P.dtype == kF32 && P.v_s3 == 1;
+  const bool prefetch = kPrefetch && P.k_s3 == 1 && P.v_s3 == 1;
+  const int64_t row_bytes = D * esize;
+
+  float* S = sc.scores.data();
+  PrefetchCursor& cursor = sc.cursor;
+  int64_t k_stop = k_begin;
+  for (int64_t j = 0; j < q_count; ++j) {
+    const int64_t visible = P.causal ? std::min(k_end, q_pos + j + 1) : k_end;
+    for (int64_t g = 0; g < G; ++g) sc.limit[size_t(j * G + g)] = visible;
+    k_stop = std::max(k_stop, visible);
+  }
+  for (int64_t h = h0; h < h1; ++h) {
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t hr = (h - h0) * R + r;
+      const int64_t head = h * G + r % G;
+      float* qr = sc.q.data() + hr * D;
+      load_row(qbase + ((q_token + r / G) * P.q_s0 + head * P.q_s1) * esize, P.q_s2, D, P.dtype,
+               qr);
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) qr[d] *= scale;
+      sc.m[size_t(hr)] = kNegInf;
+      sc.l[size_t(hr)] = 0.0f;
+    }
+  }
+  std::fill(sc.acc.begin(), sc.acc.begin() + (h1 - h0) * R * D, 0.0f);
+
+  int64_t* kofs = sc.kofs.data();
+  int64_t* vofs = sc.vofs.data();
+  int64_t* next_kofs = sc.next_kofs.data();
+  int64_t* next_vofs = sc.next_vofs.data();
+  if (k_begin < k_stop) {
+    token_offsets(P, pages, k_begin, std::min(kBlock, k_stop - k_begin), next_kofs, next_vofs);
+  }
+  for (int64_t t0 = k_begin; t0 < k_stop; t0 += kBlock) {
+    const int64_t nb = std::min(kBlock, k_stop - t0);
+    std::swap(kofs, next_kofs);
+    std::swap(vofs, next_vofs);
+    const int64_t next_nb = std::min(kBlock, k_stop - t0 - nb);
+    if (next_nb > 0) token_offsets(P, pages, t0 + nb, next_nb, next_kofs, next_vofs);
+    // Prefetch the next block while computing this one, in address order (each token's
+    // rows of all the item's heads are contiguous in an NHD cache) and a few lines at a
+    // time between compute chunks: the hardware prefetchers stop at 4 KiB pages, one
+    // head's rows sit a whole token row apart, and a burst of prefetches stalls the core
+    // once the miss buffers are full.
+    cursor.reset();
+    if (prefetch && next_nb > 0) {
+      for (int64_t t = 0; t < next_nb; ++t) {
+        for (int kv = 0; kv < 2; ++kv) {
+          const char* base = kv ? vbase + next_vofs[t] * esize : kbase + next_kofs[t] * esize;
+          const int64_t s2 = kv ? P.v_s2 : P.k_s2;
+          if (s2 == D) {
+            cursor.add(base + h0 * D * esize, (h1 - h0) * row_bytes);
+          } else {
+            for (int64_t x = h0; x < h1; ++x) cursor.add(base + x * s2 * esize, row_bytes);
+          }
+        }
+      }
+    }
+    const int64_t chunks = (h1 - h0) * 2 * ((nb + kChunk - 1) / kChunk);
+    const int64_t quota = (cursor.lines() + chunks - 1) / chunks;
+    for (int64_t h = h0; h < h1; ++h) {
+      const int64_t hrow = (h - h0) * R;
+      float* Q = sc.q.data() + hrow * D;
+      float* acc = sc.acc.data() + hrow * D;
+      float* m = sc.m.data() + hrow;
+      float* l = sc.l.data() + hrow;
+      for (int64_t t = 0; t < nb; ++t) {
+        const int64_t ko = kofs[t] + h * P.k_s2, vo = vofs[t] + h * P.v_s2;
+        if (k_direct) {
+          sc.krow[size_t(t)] = reinterpret_cast<const float*>(kbase) + ko;
+        } else {
+          float* dst = sc.kbuf.data() + t * D;
+          load_row(kbase + ko * esize, P.k_s3, D, P.dtype, dst);
+          sc.krow[size_t(t)] = dst;
+        }
+        if (v_direct) {
+          sc.vrow[size_t(t)] = reinterpret_cast<const float*>(vbase) + vo;
+        } else {
+          float* dst = sc.vbuf.data() + t * D;
+          load_row(vbase + vo * esize, P.v_s3, D, P.dtype, dst);
+          sc.vrow[size_t(t)] = dst;
+        }
+      }
+      // Logits: each key row is loaded once and used by every query row of the head;
+      // keys past a row's causal limit (still inside the sequence) are masked after.
+      for (int64_t c = 0; c < nb; c += kChunk) {
+        block_logits(Q, R, D, sc.krow.data() + c, std::min(kChunk, nb - c), S + c);
+        cursor.issue(quota);
+      }
+      // Online softmax: rescale each row's running sum and accumulator to the new max.
+      for (int64_t r = 0; r < R; ++r) {
+        float* s = S + r * kBlock;
+        const int64_t valid = std::min(nb, sc.limit[size_t(r)] - t0);
+        if (valid <= 0) {
+          std::fill(s, s + nb, 0.0f);
+          continue;
+        }
+        float block_max = kNegInf;
+        for (int64_t t = 0; t < valid; ++t) block_max = std::max(block_max, s[t]);
+        for (int64_t t = valid; t < nb; ++t) s[t] = kNegInf;
+        const float m_old = m[r];
+        const float m_new = std::max(m_old, block_max);
+        const float sum = exp_block(s, nb, m_new);
+        if (m_old != m_new) {
+          const float alpha = m_old == kNegInf ? 0.0f : exp_nonpositive(m_old - m_new);
+          float* ar = acc + r * D;
+#pragma omp simd
+          for (int64_t d = 0; d < D; ++d) ar[d] *= alpha;
+          l[r] *= alpha;
+        }
+        l[r] += sum;
+        m[r] = m_new;
+      }
+      // P.V: each value row is loaded once and used by every query row of the head.
+      for (int64_t c = 0; c < nb; c += kChunk) {
+        block_values(S + c, R, D, sc.vrow.data() + c, std::min(kChunk, nb - c), acc);
+        cursor.issue(quota);
+      }
+    }
+  }
+
+  for (int64_t h = h0; h < h1; ++h) {
+    const int64_t hrow = (h - h0) * R;
+    const float* acc = sc.acc.data() + hrow * D;
+    if (part < 0) {  // the whole key range: normalise straight into the output
+      char* obase = static_cast<char*>(P.out);
+      for (int64_t r = 0; r < R; ++r) {
+        const float l = sc.l[size_t(hrow + r)];
+        const int64_t index = ((q_token + r / G) * H + h * G + r % G) * D;
+        store_row(acc + r * D, D, l > 0.0f ? 1.0f / l : 0.0f, P.dtype, obase + index * esize);
+      }
+      continue;
+    }
+    float* slot = P.partials + (part + h) * P.max_rows * (D + 2);
+    std::memcpy(slot, acc, size_t(R * D) * sizeof(float));
+    std::memcpy(slot + R * D, sc.m.data() + hrow, size_t(R) * sizeof(float));
+    std::memcpy(slot + R * D + R, sc.l.data() + hrow, size_t(R) * sizeof(float));
+  }
+}
+
+// Combine the partials of one split tile for one KV head into the output.
+void merge_tile(const Params& P, const int32_t* merge, int64_t kvh, std::vector<float>& row) {
+  const int64_t D = P.head_dim;
+  const int64_t G = P.num_heads / P.num_kv_heads;
+  const int64_t KV = P.num_kv_heads;
+  const int64_t first = merge[0], splits = merge[1], q_token = merge[2], q_count = merge[3];
+  const int64_t R = q_count * G;
+  const int64_t stride = P.max_rows * (D + 2);
+  const int64_t esize = P.dtype == kF32 ? 4 : 2;
+  char* obase = static_cast<char*>(P.out);
+  for (int64_t r = 0; r < R; ++r) {
+    float m_max = kNegInf;
+    for (int64_t s = 0; s < splits; ++s) {
+      const float* slot = P.partials + (first + s * KV + kvh) * stride;
+      m_max = std::max(m_max, slot[R * D + r]);
+    }
+    std::fill(row.begin(), row.end(), 0.0f);
+    float total = 0.0f;
+    if (m_max != kNegInf) {
+      for (int64_t s = 0; s < splits; ++s) {
+        const float* slot = P.partials + (first + s * KV + kvh) * stride;
+        const float m = slot[R * D + r];
+        if (m == kNegInf) continue;
+        const float w = std::exp(m - m_max);
+        total += w * slot[R * D + R + r];
+        axpy(w, slot + r * D, row.data(), D);
+      }
+    }
+    const int64_t j = r / G, g = r % G;
+    const int64_t index = ((q_token + j) * P.num_heads + kvh * G + g) * D;
+    store_row(row.data(), D, total > 0.0f ? 1.0f / total : 0.0f, P.dtype, obase + index * esize);
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// Bumped whenever Params or the tile layout changes; compiled.py checks it.
+int64_t paged_attention_abi_version() { return 2; }
+
+int64_t paged_attention_openmp() {
+#ifdef _OPENMP
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+void paged_attention_forward(const Params* params) {
+  const Params& P = *params;
+  const int64_t KV = P.num_kv_heads;
+  const int64_t per_item = std::max<int64_t>(1, std::min(P.heads_per_item, KV));
+  const int64_t groups = (KV + per_item - 1) / per_item;
+  const int64_t work = P.num_tiles * groups;
+  const int64_t merges = P.num_merges * KV;
+#pragma omp parallel num_threads(int(std::max<int64_t>(1, P.num_threads)))
+  {
+    Scratch scratch(P.max_rows, per_item, P.head_dim);
+    // Consecutive items are the head groups of one tile: the threads stream the same pages.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < work; ++i) {
+      const int64_t h0 = (i % groups) * per_item;
+      attend_tile(P, P.tiles + (i / groups) * kTileFields, h0, std::min(KV, h0 + per_item),
+                  scratch);
+    }
+    if (merges > 0) {
+      std::vector<float> row(size_t(P.head_dim));
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < merges; ++i) {
+        merge_tile(P, P.merges + (i / KV) * 4, i % KV, row);
+      }
+    }
+  }
+}
+
+}  // extern "C"
