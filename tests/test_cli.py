@@ -92,7 +92,7 @@ def test_list_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["list", "--json"]) == EXIT_OK
     data = json.loads(capsys.readouterr().out)
     by_name = {b["name"]: b for b in data["backends"]}
-    assert set(by_name) == {"reference", "sdpa"}
+    assert set(by_name) == {"compiled", "flex", "reference", "sdpa", "triton"}
     for entry in by_name.values():
         assert {"name", "origin", "dp_aware", "dtypes"} <= set(entry)
         assert entry["origin"] == "built-in"
@@ -182,7 +182,7 @@ def test_unknown_name_lists_available(command: str, capsys: pytest.CaptureFixtur
     err = capsys.readouterr().err
     assert err.startswith("attn-harness: error: ")
     assert "'nope'" in err
-    assert "Available: reference, sdpa" in err
+    assert "Available: compiled, flex, reference, sdpa, triton" in err
     assert "Traceback" not in err
 
 

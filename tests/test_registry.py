@@ -304,11 +304,11 @@ def test_unknown_name_raises_keyerror_listing_available() -> None:
         reg.entry("nope")
     message = info.value.args[0]
     assert "'nope'" in message
-    assert "reference, sdpa" in message
+    assert "compiled, flex, reference, sdpa, triton" in message
 
 
 def test_get_backend_unknown_name_and_resolve_unknown() -> None:
-    with pytest.raises(KeyError, match=r"Available: reference, sdpa"):
+    with pytest.raises(KeyError, match=r"Available: compiled, flex, reference, sdpa, triton"):
         get_backend("nope")
     with pytest.raises(KeyError, match="nope"):
         BackendRegistry().resolve("nope")
@@ -625,7 +625,7 @@ def test_good_entry_point_has_entry_point_origin(monkeypatch: pytest.MonkeyPatch
     entry = reg.entry("ext")
     assert entry.cls is ExplicitDP
     assert entry.origin == "entry point (ext-dist)"
-    assert reg.names() == ["ext", "reference", "sdpa"]
+    assert reg.names() == ["compiled", "ext", "flex", "reference", "sdpa", "triton"]
     assert reg.load_errors == {}
 
 
@@ -643,7 +643,7 @@ def test_failing_entry_point_warns_and_is_recorded(monkeypatch: pytest.MonkeyPat
     reg = BackendRegistry()
     with pytest.warns(UserWarning, match=r"'bad' \(bad-dist\).*plugin boom"):
         names = reg.names()
-    assert names == ["good", "reference", "sdpa"]
+    assert names == ["compiled", "flex", "good", "reference", "sdpa", "triton"]
     assert reg.load_errors == {"bad": "ImportError: plugin boom"}
     with pytest.raises(KeyError):
         reg.entry("bad")
@@ -822,7 +822,7 @@ def test_a_name_that_is_no_file_or_module_is_still_unknown(name: str) -> None:
         BackendRegistry().resolve(name)
     message = info.value.args[0]
     assert f"Unknown attention backend '{name}'" in message
-    assert "Available: reference, sdpa" in message
+    assert "Available: compiled, flex, reference, sdpa, triton" in message
     assert "'path/to/file.py:Class'" in message
 
 
@@ -896,6 +896,6 @@ def test_a_name_without_class_is_still_an_unknown_name_to_the_registry(name):
     """The contract: an unknown name is a KeyError listing the available ones."""
     with pytest.raises(KeyError) as info:
         registry.get_backend(name)
-    assert "not one of the registered backends (reference, sdpa)" in str(info.value)
+    assert "not one of the registered backends (compiled, flex, reference, sdpa, triton)" in str(info.value)
     assert isinstance(info.value, BackendLoadError)  # and it says what a spec needs
     assert "needs ':Class'" in str(info.value) or "no such file" in str(info.value)
