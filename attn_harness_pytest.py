@@ -607,7 +607,7 @@ def _coverage_lines(full: bool) -> list[str]:
         elif not whole:
             promise = "not required (part of the suite ran)"
         else:
-            promise = f"not required by the {_STATE['profile']} profile"
+            promise = f"not required by the {profile_for(entries[name]).name} profile"
         steps = sum(cover.totals()["dtype"].values())
         held = f"{sum(cover.examples.values())} examples held, {steps} rank-steps"
         lines.append(f"attn-harness coverage of {name!r}: {held}; {promise}")

@@ -271,8 +271,27 @@ class FlexBackend(PagedBackendBase):
     compiled_min_head_dim: ClassVar[dict[str, int]] = {"cuda": MIN_COMPILED_HEAD_DIM}
     """Head dims below this are zero-padded when compiled (Triton's ``tl.dot`` needs 16)."""
 
-    def __init__(self, *, compiled: bool | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(
+        self,
+        *,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        dp_size: int = 1,
+        dp_rank: int = 0,
+        validate: bool = True,
+        compiled: bool | None = None,
+    ) -> None:
+        super().__init__(
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            scale=scale,
+            dp_size=dp_size,
+            dp_rank=dp_rank,
+            validate=validate,
+        )
         self.compiled = compiled
         self._buffers: dict[str, torch.Tensor] = {}
 
