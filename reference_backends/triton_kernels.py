@@ -26,6 +26,48 @@ import triton.language as tl
 
 
 @triton.jit
+def _token_pages(table, pos, valid, page_size):
+    """Each key position's page (through the row's block table) and row inside it."""
+    page = tl.load(table + pos // page_size, mask=valid, other=0).to(tl.int64)
+    return page, (pos % page_size).to(tl.int64)
+
+
+@triton.jit
+def _load_token_rows(
+    ptr, page, in_page, head, stride_p, stride_s, stride_h, stride_d, offs_d, mask
+):
+    """``[BLOCK_N, BLOCK_D]`` rows of one cache tensor and head; 0 where masked (never read)."""
+    rows = (page * stride_p + in_page * stride_s + head * stride_h)[:, None]
+    return tl.load(ptr + rows + offs_d[None, :] * stride_d, mask=mask, other=0.0)
+
+
+@triton.jit
+def _attend_tile(
+    q, k, v, m_i, l_i, acc, keep, scale_log2, DOT_F32: tl.constexpr, PRECISION: tl.constexpr
+):
+    """One key tile of the online softmax: the running max, sum and weighted values after it.
+
+    A query row that sees no key of the tile keeps its state; one that has
+    seen none yet gets max 0, so no ``-inf - -inf`` is ever computed.
+    """
+    if DOT_F32:
+        k = k.to(tl.float32)
+    logits = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+    logits = tl.where(keep, logits, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(logits, 1))
+    m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(logits - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    p = p.to(v.dtype)
+    if DOT_F32:
+        p = p.to(tl.float32)
+        v = v.to(tl.float32)
+    acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def decode_split_kernel(
     q_ptr,
     k_ptr,
@@ -103,37 +145,19 @@ def decode_split_kernel(
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + offs_n
         valid = pos < end
-        page = tl.load(table + pos // page_size, mask=valid, other=0).to(tl.int64)
-        in_page = (pos % page_size).to(tl.int64)
+        page, in_page = _token_pages(table, pos, valid, page_size)
         load_mask = valid[:, None] & mask_d[None, :]
-        k = tl.load(
-            k_ptr
-            + (page * stride_kp + in_page * stride_ks + kv_head * stride_kh)[:, None]
-            + offs_d[None, :] * stride_kd,
-            mask=load_mask,
-            other=0.0,
+        k = _load_token_rows(
+            k_ptr, page, in_page, kv_head, stride_kp, stride_ks, stride_kh, stride_kd, offs_d,
+            load_mask,
+        )  # fmt: skip
+        v = _load_token_rows(
+            v_ptr, page, in_page, kv_head, stride_vp, stride_vs, stride_vh, stride_vd, offs_d,
+            load_mask,
+        )  # fmt: skip
+        m_i, l_i, acc = _attend_tile(
+            q, k, v, m_i, l_i, acc, valid[None, :], scale_log2, DOT_F32, PRECISION
         )
-        v = tl.load(
-            v_ptr
-            + (page * stride_vp + in_page * stride_vs + kv_head * stride_vh)[:, None]
-            + offs_d[None, :] * stride_vd,
-            mask=load_mask,
-            other=0.0,
-        )
-        if DOT_F32:
-            k = k.to(tl.float32)
-        logits = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
-        logits = tl.where(valid[None, :], logits, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(logits, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(logits - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        p = p.to(v.dtype)
-        if DOT_F32:
-            p = p.to(tl.float32)
-            v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
-        m_i = m_new
 
     has_keys = l_i > 0.0
     result = acc / tl.where(has_keys, l_i, 1.0)[:, None]
@@ -279,41 +303,20 @@ def prefill_kernel(
     for n0 in range(0, key_end, BLOCK_N):
         pos = n0 + offs_n
         valid = pos < key_end
-        page = tl.load(table + pos // page_size, mask=valid, other=0).to(tl.int64)
-        in_page = (pos % page_size).to(tl.int64)
+        page, in_page = _token_pages(table, pos, valid, page_size)
         load_mask = valid[:, None] & mask_d[None, :]
-        k = tl.load(
-            k_ptr
-            + (page * stride_kp + in_page * stride_ks + kv_head * stride_kh)[:, None]
-            + offs_d[None, :] * stride_kd,
-            mask=load_mask,
-            other=0.0,
-        )
-        v = tl.load(
-            v_ptr
-            + (page * stride_vp + in_page * stride_vs + kv_head * stride_vh)[:, None]
-            + offs_d[None, :] * stride_vd,
-            mask=load_mask,
-            other=0.0,
-        )
-        if DOT_F32:
-            k = k.to(tl.float32)
-        logits = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+        k = _load_token_rows(
+            k_ptr, page, in_page, kv_head, stride_kp, stride_ks, stride_kh, stride_kd, offs_d,
+            load_mask,
+        )  # fmt: skip
+        v = _load_token_rows(
+            v_ptr, page, in_page, kv_head, stride_vp, stride_vs, stride_vh, stride_vd, offs_d,
+            load_mask,
+        )  # fmt: skip
         keep = valid[None, :]
         if CAUSAL:
             keep = keep & (pos[None, :] <= q_pos[:, None])
-        logits = tl.where(keep, logits, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(logits, 1))
-        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(logits - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        p = p.to(v.dtype)
-        if DOT_F32:
-            p = p.to(tl.float32)
-            v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _attend_tile(q, k, v, m_i, l_i, acc, keep, scale_log2, DOT_F32, PRECISION)
 
     result = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     out_offsets = tokens[:, None] * stride_ot + head[:, None] * stride_oh
