@@ -63,6 +63,15 @@ def git_state(path: Path = REPO_ROOT) -> dict[str, Any]:
     return {"sha": sha, "dirty": None if status is None else bool(status)}
 
 
+def cpus_allowed() -> int | None:
+    """CPUs this process may run on (its affinity mask), which a container or ``taskset``
+    can make fewer than ``cpu_count``; ``None`` where the OS does not say."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
 def _gpu(device: str) -> dict[str, Any]:
     dev = torch.device(device)
     index = dev.index if dev.index is not None else torch.cuda.current_device()
@@ -98,6 +107,7 @@ def fingerprint(device: str = "cpu", *, threads: int | None = None) -> dict[str,
         "cuda_runtime": None,
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
+        "cpus_allowed": cpus_allowed(),
         "threads": threads if threads is not None else torch.get_num_threads(),
         "git": git_state(),
     }
