@@ -108,19 +108,25 @@ def test_the_budget_fits_the_lease():
 
 
 def test_a_step_past_its_limit_is_interrupted_and_reported(tmp_path):
+    """SIGINT first, so the step can still write its reports; no kill was needed.
+
+    The limit leaves the child seconds to start Python and enter its ``try``
+    (on a loaded machine a 1 s limit could interrupt the interpreter's own
+    start-up, and the step would then only end at the kill).
+    """
     start = time.monotonic()
     script = (
         "import time\n"
-        "try:\n    time.sleep(30)\n"
+        "try:\n    time.sleep(120)\n"
         "except KeyboardInterrupt:\n    print('wrote my report')\n    raise"
     )
-    result = gpu_check._run("slow", [sys.executable, "-c", script], tmp_path, timeout=1.0)
-    assert time.monotonic() - start < 15
+    result = gpu_check._run("slow", [sys.executable, "-c", script], tmp_path, timeout=5.0)
+    assert time.monotonic() - start < 5.0 + gpu_check.INTERRUPT_GRACE_S
     assert result.rc == 124
     assert result.timed_out
     log = (tmp_path / "slow.log").read_text()
-    assert "wrote my report" in log  # SIGINT first: the step could still write its reports
-    assert "stopped after 1 s" in log
+    assert "wrote my report" in log
+    assert "stopped after 5 s" in log
 
 
 def test_a_step_ignoring_sigint_is_killed(tmp_path, monkeypatch):
@@ -128,7 +134,7 @@ def test_a_step_ignoring_sigint_is_killed(tmp_path, monkeypatch):
     script = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(30)"
     start = time.monotonic()
     result = gpu_check._run("stubborn", [sys.executable, "-c", script], tmp_path, timeout=1.0)
-    assert time.monotonic() - start < 15
+    assert time.monotonic() - start < 25  # killed, not left to finish its 30 s
     assert result.rc == 124
 
 
