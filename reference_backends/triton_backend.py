@@ -38,6 +38,7 @@ from harness.triton_mode import interpret_triton_here, triton_interprets
 from harness.validate import CacheGeometry, CheckedMetadata
 
 MIN_SPLIT_KEYS = 256  # a decode context past this many keys is split (flash-decoding)
+DECODE_WARPS = 4  # a decode tile is only a GQA group's rows (>= 16): more warps find no work
 _SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -309,7 +310,7 @@ class TritonBackend(PagedBackendBase):
                 SPLIT=split,
                 DOT_F32=fp32_dots,
                 PRECISION=precision,
-                num_warps=tiling.num_warps,
+                num_warps=DECODE_WARPS,
             )
             if split:
                 code.merge_splits_kernel[(items, self.num_heads)](
