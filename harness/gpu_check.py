@@ -115,6 +115,16 @@ def _pythonpath() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
 
 
+def _interruptible() -> None:
+    """In the step's process before it starts: SIGINT back to its default action.
+
+    A program started in the background by a non-interactive shell inherits
+    SIGINT ignored, and Python then installs no KeyboardInterrupt handler:
+    the step would ignore the interrupt meant to make it write its reports.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _run(name: str, command: list[str], out: Path, timeout: float) -> StepResult:
     """Run one step, its output teed to ``OUT_DIR/<name>.log``.
 
@@ -133,6 +143,7 @@ def _run(name: str, command: list[str], out: Path, timeout: float) -> StepResult
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, so its children stop with it
+            preexec_fn=_interruptible,
         )
         try:
             rc = process.wait(timeout=timeout)
