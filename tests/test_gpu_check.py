@@ -10,6 +10,7 @@ the CPU with a tiny workload.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import tarfile
 import time
@@ -107,20 +108,29 @@ def test_the_budget_fits_the_lease():
     assert gpu_check.QUICK_TOTAL_S + grace < 4 * 60
 
 
-def test_a_step_past_its_limit_is_interrupted_and_reported(tmp_path):
+@pytest.mark.parametrize("parent_sigint", ["default", "ignored"])
+def test_a_step_past_its_limit_is_interrupted_and_reported(tmp_path, parent_sigint):
     """SIGINT first, so the step can still write its reports; no kill was needed.
 
+    "ignored": the script itself started in the background by a shell, whose
+    children inherit SIGINT ignored; the step must still take the interrupt.
     The limit leaves the child seconds to start Python and enter its ``try``
     (on a loaded machine a 1 s limit could interrupt the interpreter's own
     start-up, and the step would then only end at the kill).
     """
+    previous = signal.getsignal(signal.SIGINT)
+    if parent_sigint == "ignored":
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     start = time.monotonic()
     script = (
         "import time\n"
         "try:\n    time.sleep(120)\n"
         "except KeyboardInterrupt:\n    print('wrote my report')\n    raise"
     )
-    result = gpu_check._run("slow", [sys.executable, "-c", script], tmp_path, timeout=5.0)
+    try:
+        result = gpu_check._run("slow", [sys.executable, "-c", script], tmp_path, timeout=5.0)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - start < 5.0 + gpu_check.INTERRUPT_GRACE_S
     assert result.rc == 124
     assert result.timed_out
