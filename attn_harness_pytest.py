@@ -46,6 +46,7 @@ _STATE: dict[str, Any] = {
     "device": "cpu",
     "time_limit": None,
     "examples": None,
+    "profiles": {},
     "entries": None,
     "coverage": None,
     "current_test": None,
@@ -140,6 +141,7 @@ def _read_profile_options(options: Any) -> None:
     _STATE["device"] = options.conformance_device
     _STATE["time_limit"] = options.example_time_limit
     _STATE["examples"] = options.examples
+    _STATE["profiles"] = {}  # profile_for's, built from these options
     if _STATE["examples"] is not None and _STATE["examples"] < 1:
         raise pytest.UsageError(f"--examples must be >= 1, got {_STATE['examples']}")
 
@@ -301,9 +303,16 @@ def interpreted_here(entry: Any) -> bool:
 
 
 def profile_for(entry: Any) -> Any:
-    """The profile that sizes ``entry``'s draws: lighter where it runs interpreted."""
-    profile = current_profile()
-    return profile.interpreted() if interpreted_here(entry) else profile
+    """The profile that sizes ``entry``'s draws: lighter where it runs interpreted.
+
+    Asked for at every draw, so both kinds are built once per run of options.
+    """
+    interpreted = interpreted_here(entry)
+    built = _STATE["profiles"]
+    if interpreted not in built:
+        profile = current_profile()
+        built[interpreted] = profile.interpreted() if interpreted else profile
+    return built[interpreted]
 
 
 def sizing_notes() -> list[str]:

@@ -55,8 +55,11 @@ class Coverage:
     head_dims: tuple[int, ...]
     dtypes: tuple[torch.dtype, ...]
     max_dp: int
-    num_layers: int = 2
     interpreted: bool = False  # the backend runs interpreted on the CPU: a lighter matrix
+
+    @property
+    def num_layers(self) -> int:
+        return 1 if self.interpreted else 2
 
     @property
     def geometries(self) -> list[tuple[int, int]]:
@@ -102,7 +105,6 @@ def quick_coverage(caps: Capabilities) -> Coverage:
         head_dims=tuple(dict.fromkeys(head_dims)),
         dtypes=tuple(caps.dtypes),
         max_dp=most_dp if caps.max_dp_size is None else min(most_dp, caps.max_dp_size),
-        num_layers=1 if interpreted else 2,
         interpreted=interpreted,
     )
 
