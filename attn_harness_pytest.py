@@ -271,12 +271,11 @@ def selected_entries() -> list[Any]:
     for by name, it runs and fails so.
     """
     if _STATE["entries"] is None:
-        from harness.registry import default_registry
+        from harness.registry import default_registry, split_by_device
 
-        entries = default_registry().entries()
-        device = _STATE["device"]
-        _STATE["entries"] = [e for e in entries if device in e.capabilities.devices]
-        _STATE["not_claiming"] = [e.name for e in entries if device not in e.capabilities.devices]
+        claiming, others = split_by_device(default_registry().entries(), _STATE["device"])
+        _STATE["entries"] = claiming
+        _STATE["not_claiming"] = [e.name for e in others]
     return list(_STATE["entries"])
 
 

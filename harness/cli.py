@@ -68,13 +68,6 @@ def _resolve_all(specs: Sequence[str]) -> list[BackendEntry]:
         return [registry.resolve(s) for s in specs] if specs else registry.entries()
 
 
-def _claimed_devices(entry: BackendEntry) -> tuple[str, ...]:
-    try:
-        return tuple(entry.capabilities.devices)
-    except TypeError:  # a malformed capabilities(): the check reports it as an ERROR case
-        return ("cpu",)
-
-
 def cmd_list(args: argparse.Namespace) -> int:
     entries = _resolve_all(args.backend)
     described = [_describe(e) for e in entries]
@@ -140,14 +133,15 @@ def _case_lines(backend: str, results: list[Any], verbose: bool) -> list[str]:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from harness.quick_check import quick_coverage, run_quick_check
+    from harness.registry import split_by_device
     from harness.triton_mode import interpret_triton_here
 
     interpret_triton_here()  # the quick check runs on the CPU: Triton kernels are interpreted
     entries = _resolve_all(args.backend)
     if not args.backend:  # a default run leaves out what claims no CPU (a missing extra)
-        for entry in [e for e in entries if "cpu" not in _claimed_devices(e)]:
+        entries, others = split_by_device(entries, "cpu")
+        for entry in others:
             print(f"{entry.name} not checked: registered, but claims no 'cpu' device here")
-            entries.remove(entry)
     rows = [["backend", "passed", "failed", "errors", "unsupported", "first failure"]]
     covered: list[str] = []
     any_bad = False

@@ -91,6 +91,25 @@ def _missing_methods(cls: type) -> list[str]:
     return [m for m in _PROTOCOL_METHODS if not callable(getattr(cls, m, None))]
 
 
+def split_by_device(
+    entries: list[BackendEntry], device: str
+) -> tuple[list[BackendEntry], list[BackendEntry]]:
+    """The entries that claim ``device``, and those that do not.
+
+    A default run (no backend named) leaves the second kind out and names
+    them: a built-in whose optional package is missing claims no device.
+    """
+
+    def claims(entry: BackendEntry) -> bool:
+        try:
+            return device in entry.capabilities.devices
+        except TypeError:  # a malformed claim is reported where it is used, as an error
+            return True
+
+    claiming = [e for e in entries if claims(e)]
+    return claiming, [e for e in entries if e not in claiming]
+
+
 def check_backend_class(cls: object) -> type:
     """Raise ``TypeError`` unless ``cls`` is a class with the protocol's methods."""
     if not inspect.isclass(cls):

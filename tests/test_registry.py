@@ -900,3 +900,20 @@ def test_a_name_without_class_is_still_an_unknown_name_to_the_registry(name):
     assert f"not one of the registered backends ({registered})" in str(info.value)
     assert isinstance(info.value, BackendLoadError)  # and it says what a spec needs
     assert "needs ':Class'" in str(info.value) or "no such file" in str(info.value)
+
+
+def test_a_default_run_leaves_out_a_backend_claiming_no_device_here(monkeypatch) -> None:
+    """A built-in whose optional package is missing claims no device: left out, named."""
+    import reference_backends.triton_backend as triton_backend
+    from harness.registry import split_by_device
+
+    entries = BackendRegistry().entries()
+    claiming, others = split_by_device(entries, "cpu")
+    assert "triton" in [e.name for e in claiming]
+    assert others == []
+    monkeypatch.setattr(triton_backend, "_triton_available", lambda: False)
+    claiming, others = split_by_device(entries, "cpu")
+    assert [e.name for e in others] == ["triton"]
+    assert "triton" not in [e.name for e in claiming]
+    assert "compiled" in [e.name for e in claiming]
+    assert [e.name for e in split_by_device(entries, "cuda")[1]] == ["compiled", "triton"]

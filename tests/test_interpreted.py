@@ -1,0 +1,47 @@
+"""A backend that runs interpreted on a device: a lighter conformance share, no timing."""
+
+from __future__ import annotations
+
+import pytest
+
+import attn_harness_pytest as plugin
+from harness.bench import unsupported_reason
+from harness.profiles import INTERPRETED_BUDGET, get_profile
+from harness.registry import BackendEntry
+from harness.workloads import get_workload
+from reference_backends import SdpaBackend, TritonBackend
+
+
+@pytest.mark.parametrize("name", ["ci", "thorough", "kill"])
+def test_the_interpreted_profile_is_a_share_of_the_same_profile(name):
+    profile = get_profile(name)
+    lighter = profile.interpreted()
+    assert lighter.name == f"{name} (interpreted)"
+    assert lighter.settings.max_examples == -(-profile.settings.max_examples // 8)
+    assert 1 <= lighter.production_examples < profile.production_examples
+    assert 1 <= lighter.stateful_examples < profile.stateful_examples
+    assert lighter.budget.max_context == INTERPRETED_BUDGET.max_context
+    assert lighter.budget.max_dp_size == profile.budget.max_dp_size
+    assert not lighter.enforces_coverage
+    assert lighter.settings.derandomize == profile.settings.derandomize
+
+
+def test_profile_for_sizes_only_the_backend_interpreted_on_the_device(monkeypatch):
+    monkeypatch.setitem(plugin._STATE, "profile", "ci")
+    monkeypatch.setitem(plugin._STATE, "profiles", {})
+    monkeypatch.setitem(plugin._STATE, "device", "cpu")
+    triton = BackendEntry("triton", TritonBackend, "built-in")
+    sdpa = BackendEntry("sdpa", SdpaBackend, "built-in")
+    assert plugin.profile_for(triton).settings.max_examples == 13
+    assert plugin.profile_for(sdpa).settings.max_examples == 100
+    monkeypatch.setitem(plugin._STATE, "device", "cuda")
+    monkeypatch.setitem(plugin._STATE, "profiles", {})
+    assert plugin.profile_for(triton).settings.max_examples == 100
+
+
+def test_bench_does_not_time_a_backend_where_it_runs_interpreted():
+    spec = get_workload("decode-sweep").cpu[0]
+    triton = BackendEntry("triton", TritonBackend, "built-in")
+    assert "runs interpreted on cpu" in (unsupported_reason(triton, spec, "cpu") or "")
+    sdpa = BackendEntry("sdpa", SdpaBackend, "built-in")
+    assert unsupported_reason(sdpa, spec, "cpu") is None
