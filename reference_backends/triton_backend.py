@@ -88,7 +88,8 @@ class TritonPlan:
     part_lse: torch.Tensor | None  # [items, heads, splits] fp32 scratch
     tile_rows: torch.Tensor  # [tiles] int32: prefill/extend row of each query tile
     tile_starts: torch.Tensor  # [tiles] int32: the tile's first query within its row
-    longest_query: int  # of the prefill / extend rows (sizes the tile on the CPU)
+    tiling: Tiling  # the device's and dtype's blocks
+    block_m: int  # rows of a prefill tile: (query token, query head) pairs
     all_tokens_covered: bool  # every query token is some real row's: no zero fill needed
 
 
@@ -198,7 +199,8 @@ class TritonBackend(PagedBackendBase):
         query_lens = checked.query_lens
         decode = [r for r in checked.real_rows if query_lens[r] == 1]
         longer = [r for r in checked.real_rows if query_lens[r] > 1]
-        per_tile = self._tokens_per_tile(tiling, max([query_lens[r] for r in longer] + [1]))
+        block_m = self._block_m(tiling, max([query_lens[r] for r in longer] + [1]))
+        per_tile = block_m // triton_next_power_of_2(self.group)
         tiles = [(r, t) for r in longer for t in range(0, query_lens[r], per_tile)]
         longest = max([checked.seq_lens[r] for r in decode] + [1])
         num_splits = self._num_splits(longest, len(decode), device)
@@ -231,7 +233,8 @@ class TritonBackend(PagedBackendBase):
             part_lse=part_lse,
             tile_rows=int32([r for r, _ in tiles]),
             tile_starts=int32([t for _, t in tiles]),
-            longest_query=max([query_lens[r] for r in longer] + [1]),
+            tiling=tiling,
+            block_m=block_m,
             all_tokens_covered=covered,
         )
 
@@ -246,9 +249,6 @@ class TritonBackend(PagedBackendBase):
         if tiling.interpreted:
             rows = max(rows, min(256, triton_next_power_of_2(longest_query * group_pad)))
         return rows
-
-    def _tokens_per_tile(self, tiling: Tiling, longest_query: int) -> int:
-        return self._block_m(tiling, longest_query) // triton_next_power_of_2(self.group)
 
     def _num_splits(self, longest: int, items: int, device: torch.device) -> int:
         """Key ranges per decode query: enough programs to fill the device.
@@ -266,10 +266,9 @@ class TritonBackend(PagedBackendBase):
 
     def attend(self, query: torch.Tensor, cache: LayerCache, step: PreparedStep) -> torch.Tensor:
         plan: TritonPlan = step.plan
-        interpreted = query.device.type == "cpu"
         code = kernels(query.device)
-        tiling = Tiling.choose(self.head_dim, query.dtype, interpreted)
-        fp32_dots = interpreted and query.dtype == torch.bfloat16
+        tiling = plan.tiling
+        fp32_dots = tiling.interpreted and query.dtype == torch.bfloat16
         precision = "ieee" if query.dtype == torch.float32 else "tf32"
         make = torch.empty if plan.all_tokens_covered else torch.zeros
         out = make(query.shape, dtype=query.dtype, device=query.device)
@@ -342,7 +341,7 @@ class TritonBackend(PagedBackendBase):
                 GROUP_PAD=triton_next_power_of_2(self.group),
                 HEAD_DIM=self.head_dim,
                 BLOCK_D=tiling.block_d,
-                BLOCK_M=self._block_m(tiling, plan.longest_query),
+                BLOCK_M=plan.block_m,
                 BLOCK_N=tiling.block_n,
                 CAUSAL=step.checked.causal,
                 DOT_F32=fp32_dots,
