@@ -23,10 +23,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.statistics import DEFAULT_CONFIDENCE, Summary
-from harness.timing import Measurement
+
+if TYPE_CHECKING:  # reading a results file (report, gate) needs no torch
+    from harness.timing import Measurement
 
 SCHEMA_NAME = "attn-harness/results"
 SCHEMA_VERSION = 1

@@ -52,7 +52,8 @@ def _check_confidence(confidence: float) -> None:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
 
 
-def _bootstrap_medians(data: np.ndarray, resamples: int, rng: np.random.Generator) -> np.ndarray:
+def bootstrap_medians(data: np.ndarray, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """``resamples`` medians of ``data`` resampled with replacement (the gate resamples too)."""
     index = rng.integers(0, data.size, size=(resamples, data.size))
     medians: np.ndarray = np.median(data[index], axis=1)
     return medians
@@ -71,7 +72,7 @@ def bootstrap_median_ci(
     point = float(np.median(data))
     if data.size == 1:
         return point, point
-    medians = _bootstrap_medians(data, resamples, np.random.default_rng(seed))
+    medians = bootstrap_medians(data, resamples, np.random.default_rng(seed))
     tail = (1.0 - confidence) / 2 * 100
     low, high = np.percentile(medians, [tail, 100 - tail])
     return min(float(low), point), max(float(high), point)
@@ -96,7 +97,7 @@ def bootstrap_ratio_ci(
         raise ValueError("denominator samples must be positive")
     point = float(np.median(top) / np.median(bottom))
     rng = np.random.default_rng(seed)
-    ratios = _bootstrap_medians(top, resamples, rng) / _bootstrap_medians(bottom, resamples, rng)
+    ratios = bootstrap_medians(top, resamples, rng) / bootstrap_medians(bottom, resamples, rng)
     tail = (1.0 - confidence) / 2 * 100
     low, high = np.percentile(ratios, [tail, 100 - tail])
     return min(float(low), point), max(float(high), point)
