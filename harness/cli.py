@@ -14,6 +14,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from harness.bench_cli import add_bench_command
+from harness.gate.cli import add_baseline_command, add_gate_command
+from harness.main_job_cli import add_run_command
+from harness.report.cli import add_report_command
 from harness.text_table import aligned
 
 if TYPE_CHECKING:
@@ -263,6 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
     p_conform.add_argument("pytest_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     p_conform.set_defaults(func=cmd_conform)
     add_bench_command(sub)
+    add_run_command(sub)
+    add_report_command(sub)
+    add_gate_command(sub)
+    add_baseline_command(sub)
     return parser
 
 
