@@ -1,0 +1,108 @@
+"""What ranks tell their launcher through files: where each one is, and how it ended.
+
+Each rank rewrites ``rank<R>.beat.json`` (step and phase) as it moves, and
+writes ``rank<R>.status.json`` once if it fails. The launcher reads them to
+tell a hung rank (stuck outside a collective) from the ranks waiting on it
+(inside one), and a root cause from its collateral errors. Files, not a
+socket: they survive the rank, and a killed rank's last beat says where it died.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+COLLECTIVE_PHASES = frozenset({"exchange", "gather", "verdict", "barrier", "init"})
+"""Phases in which a rank waits for the others: a stall there is not its own fault."""
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(data), encoding="utf-8")
+    os.replace(temporary, path)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+@dataclass(frozen=True)
+class Beat:
+    rank: int
+    step: int  # 0-based, -1 before the first step; shown counting from 1
+    phase: str
+    pid: int
+
+    @property
+    def waiting(self) -> bool:
+        return self.phase in COLLECTIVE_PHASES
+
+    def where(self) -> str:
+        step = "before the first step" if self.step < 0 else f"step {self.step + 1}"
+        return f"{step} ({self.phase})"
+
+
+class Heartbeat:
+    """One rank's beat file; ``beat`` is cheap enough to call at every phase."""
+
+    def __init__(self, run_dir: Path | None, rank: int) -> None:
+        self.path = None if run_dir is None else run_dir / f"rank{rank}.beat.json"
+        self.rank = rank
+        self.step = -1
+        self.phase = "init"
+
+    def beat(self, step: int, phase: str) -> None:
+        self.step, self.phase = step, phase
+        if self.path is not None:
+            _write_json(self.path, asdict(Beat(self.rank, step, phase, os.getpid())))
+
+
+def read_beat(run_dir: Path, rank: int) -> Beat | None:
+    data = _read_json(run_dir / f"rank{rank}.beat.json")
+    if data is None:
+        return None
+    return Beat(int(data["rank"]), int(data["step"]), str(data["phase"]), int(data["pid"]))
+
+
+@dataclass(frozen=True)
+class Status:
+    """How a rank failed. ``kind``: raised, dp-metadata, check, collective, usage."""
+
+    rank: int
+    step: int
+    phase: str
+    kind: str
+    error: str
+
+    @property
+    def collateral(self) -> bool:
+        """An error from waiting on another rank (its collective broke), not a cause."""
+        return self.kind == "collective"
+
+
+def write_status(run_dir: Path | None, status: Status) -> None:
+    if run_dir is not None:
+        _write_json(run_dir / f"rank{status.rank}.status.json", asdict(status))
+
+
+def read_status(run_dir: Path, rank: int) -> Status | None:
+    data = _read_json(run_dir / f"rank{rank}.status.json")
+    if data is None:
+        return None
+    return Status(**{k: data[k] for k in ("rank", "step", "phase", "kind", "error")})
+
+
+def write_summary(run_dir: Path | None, summary: dict[str, Any]) -> None:
+    if run_dir is not None:
+        _write_json(run_dir / "summary.json", summary)
+
+
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    return _read_json(run_dir / "summary.json")
