@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from harness.bench_cli import add_bench_command
-from harness.dist.cli import add_dist_command
+from harness.dist.cli import add_dist_bench_command, add_dist_command
 from harness.gate.cli import add_baseline_command, add_gate_command
 from harness.main_job_cli import add_run_command
 from harness.report.cli import add_report_command
@@ -272,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_gate_command(sub)
     add_baseline_command(sub)
     add_dist_command(sub)
+    add_dist_bench_command(sub)
     return parser
 
 

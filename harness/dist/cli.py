@@ -129,3 +129,93 @@ def cmd_dist(args: argparse.Namespace) -> int:
         }
         write_atomically(args.json, (json.dumps(record, indent=2) + "\n").encode())
     return outcome.exit_code
+
+
+def _dp_sizes(text: str) -> list[int]:
+    """``1-8`` or ``1,2,4,8``."""
+    try:
+        if "-" in text:
+            low, high = (int(x) for x in text.split("-", 1))
+            sizes = list(range(low, high + 1))
+        else:
+            sizes = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 1-8 or 1,2,4,8, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"dp sizes must be >= 1, got {text!r}")
+    return sorted(set(sizes))
+
+
+def add_dist_bench_command(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "dist-bench",
+        help="DP scaling benchmark: a fixed global decode load over 1..8 rank processes",
+        description=(
+            "For each dp size, start that many rank processes (torch.distributed); each "
+            "takes its share of a fixed global decode batch, checks one step against the "
+            "float64 oracle, then times engine steps (token-count all-reduce, prepare, "
+            "forward, barrier). Writes a results file that `attn-harness report` draws. "
+            "Exit 0 all passed, 1 a case failed, 2 bad input."
+        ),
+    )
+    p.add_argument(
+        "--backend", required=True, help="registered name, module:Class or path.py:Class"
+    )
+    p.add_argument("--dp-sizes", type=_dp_sizes, default=_dp_sizes("1-8"), help="default 1-8")
+    p.add_argument("--sequences", type=_positive, default=16, help="global decode batch")
+    p.add_argument("--context", type=_positive, default=512, help="context length of each")
+    p.add_argument("--steps", type=_positive, default=20, help="timed steps per dp size")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    p.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--timeout", type=_seconds, default=120.0)
+    p.add_argument("--out", type=Path, required=True, help="results file to write")
+    p.set_defaults(func=cmd_dist_bench)
+
+
+def cmd_dist_bench(args: argparse.Namespace) -> int:
+    import sys
+
+    from harness.dist.scaling import ScalingLoad, sweep
+    from harness.results import FAILING_STATUSES, check_writable, save_results
+    from harness.text_table import aligned
+
+    problem = check_writable(args.out)
+    if problem is None and max(args.dp_sizes) > args.sequences:
+        problem = f"--sequences {args.sequences} < dp size {max(args.dp_sizes)}: a rank with none"
+    if problem is not None:
+        print(f"attn-harness dist-bench: error: {problem}")
+        return EXIT_USAGE
+    load = ScalingLoad(
+        sequences=args.sequences,
+        context=args.context,
+        dtype=args.dtype,
+        warmup=args.warmup,
+        steps=args.steps,
+    )
+    record = sweep(
+        args.backend,
+        args.dp_sizes,
+        load,
+        device=args.device,
+        timeout=args.timeout,
+        command=["attn-harness", *sys.argv[1:]],
+    )
+    save_results(record, args.out)
+    rows = [["dp_size", "status", "tokens/s", "vs dp=1", "step ms (median)"]]
+    first = None
+    for case in record.cases:
+        metrics = case.metrics or {}
+        rate = metrics.get("tokens_per_s")
+        if first is None and rate:
+            first = rate
+        rows.append([
+            str(case.spec.get("dp_size")),
+            case.status,
+            f"{rate:.0f}" if rate else "-",
+            f"{rate / first:.2f}x" if rate and first else "-",
+            f"{metrics['median_s'] * 1e3:.2f}" if rate else "-",
+        ])  # fmt: skip
+    print("\n".join(aligned(rows)))
+    print(f"wrote {args.out}")
+    return EXIT_FAILED if any(c.status in FAILING_STATUSES for c in record.cases) else EXIT_OK

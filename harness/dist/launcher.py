@@ -45,8 +45,8 @@ class Outcome:
     logs: dict[int, str] = field(default_factory=dict)
 
 
-def worker_command(worker_args: Sequence[str]) -> list[str]:
-    return [sys.executable, "-m", "harness.dist.worker", *worker_args]
+def worker_command(worker_args: Sequence[str], module: str = "harness.dist.worker") -> list[str]:
+    return [sys.executable, "-m", module, *worker_args]
 
 
 def _environment(rank: int, dp_size: int, run_dir: Path) -> dict[str, str]:
@@ -69,10 +69,15 @@ def launch(
     *,
     timeout: float,
     echo_rank0: bool = True,
+    module: str = "harness.dist.worker",
 ) -> Outcome:
-    """Run ``dp_size`` ranks of ``python -m harness.dist.worker worker_args`` to the end."""
+    """Run ``dp_size`` ranks of ``python -m MODULE worker_args`` to the end."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    command = [*worker_command(worker_args), "--run-dir", str(run_dir), "--timeout", str(timeout)]
+    command = [
+        *worker_command(worker_args, module),
+        "--run-dir", str(run_dir),
+        "--timeout", str(timeout),
+    ]  # fmt: skip
     started = time.monotonic()
     procs: list[subprocess.Popen[bytes]] = []
     logs = []

@@ -72,6 +72,31 @@ def _rank_device(device: str, rank: int) -> str:
     return device
 
 
+def join_group(choice: str, device: str, rank: int, dp_size: int, timeout: float) -> None:
+    """``init_process_group`` from the launcher's file store, or torchrun's ``env://``."""
+    dist.init_process_group(
+        dist_backend(choice, device, dp_size),
+        init_method=os.environ.get("ATTN_HARNESS_DIST_INIT", "env://"),
+        rank=rank,
+        world_size=dp_size,
+        timeout=datetime.timedelta(seconds=timeout),
+    )
+
+
+def fail_rank(run_dir: Path | None, beat: Heartbeat, exc: BaseException) -> None:
+    """Report how this rank failed (status file and stderr), then leave at once."""
+    kind = _kind(exc, beat.phase)
+    text = f"{type(exc).__name__}: {exc}"
+    write_status(run_dir, Status(beat.rank, beat.step, beat.phase, kind, text))
+    print(f"rank {beat.rank}: {text}", file=sys.stderr, flush=True)
+    if kind in ("raised", "collective"):
+        traceback.print_exc(file=sys.stderr)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    # no atexit, no destroy_process_group: either can wait on the ranks this one is leaving
+    os._exit(EXIT_USAGE if kind == "usage" else EXIT_FAILED)
+
+
 class RankLoop:
     """The engine loop of one rank; rank 0 also checks the group."""
 
@@ -262,14 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     beat = Heartbeat(args.run_dir, rank)
     beat.beat(-1, "init")
     try:
-        init = os.environ.get("ATTN_HARNESS_DIST_INIT", "env://")
-        dist.init_process_group(
-            dist_backend(args.dist_backend, args.device, dp_size),
-            init_method=init,
-            rank=rank,
-            world_size=dp_size,
-            timeout=datetime.timedelta(seconds=args.timeout),
-        )
+        join_group(args.dist_backend, args.device, rank, dp_size, args.timeout)
         beat.beat(-1, "setup")
         loop = _agreed_setup(args, rank, dp_size, beat)
         loop.run()
@@ -279,15 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         dist.destroy_process_group()
         return 0
     except BaseException as exc:  # every way out of a rank is reported, then the rank exits
-        kind = _kind(exc, beat.phase)
-        text = f"{type(exc).__name__}: {exc}"
-        write_status(args.run_dir, Status(rank, beat.step, beat.phase, kind, text))
-        print(f"rank {rank}: {text}", file=sys.stderr, flush=True)
-        if kind in ("raised", "collective"):
-            traceback.print_exc(file=sys.stderr)
-        sys.stderr.flush()
-        sys.stdout.flush()
-        os._exit(EXIT_USAGE if kind == "usage" else EXIT_FAILED)
+        fail_rank(args.run_dir, beat, exc)
+        raise  # not reached: fail_rank exits
 
 
 def _agreed_setup(args: argparse.Namespace, rank: int, dp_size: int, beat: Heartbeat) -> RankLoop:

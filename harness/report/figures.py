@@ -518,16 +518,18 @@ def dp_figure(runs: Sequence[AnalysedRun]) -> Outcome:
         sizes: list[float] = []
         for series in _series(runs, _in_workload(key)):
             sizes += _plot_line(ax, series, _dp_size, _throughput)
-        ax.set(yscale="log", xlabel="dp_size", ylabel="query tokens per second (one rank)")
+        ax.set(yscale="log", xlabel="dp_size", ylabel="query tokens per second")
         _fixed_axis(ax.xaxis, sizes)
         _log_axis(ax.yaxis, _si)
         ax.set_title(_text(key))
         ax.grid(True, which="both", alpha=0.3)
     _legend(figure, axes)
     caption = (
-        "Tokens per second of the most loaded rank's share of a fixed global decode batch, "
-        "against the number of data-parallel ranks. Error bars: the median's bootstrap "
-        "interval carried over to the rate."
+        "Query tokens per second against the number of data-parallel ranks, for a fixed "
+        "global decode batch. dp-sweep (one process) times the most loaded rank's share; "
+        "dist-dp-scaling (`attn-harness dist-bench`) times the whole group of real rank "
+        "processes, barrier to barrier. Error bars: the median's bootstrap interval carried "
+        "over to the rate."
     )
     return _done(name, title, caption, figure)
 

@@ -1,0 +1,339 @@
+"""The DP scaling benchmark: a fixed global decode load over 1..8 real rank processes.
+
+For each dp_size the launcher starts that many ranks; each takes its
+balanced share of the global batch in its own per-rank pool, checks one
+step against the float64 oracle (never timing a wrong answer), then runs
+engine steps: exchange token counts (an all-reduce, as engines do),
+``prepare``, ``forward`` over the layers, and a barrier, since a DP step
+ends when its slowest rank does. Rank 0 times each whole step. The result
+is a results file (workload kind ``dp-scaling``) that ``attn-harness
+report`` draws; its throughput is the whole group's.
+
+Run a rank by hand with ``python -m harness.dist.scaling`` (the launcher does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+WORKLOAD = "dist-dp-scaling"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class ScalingLoad:
+    """The global load every dp_size shares: ``sequences`` decoding at ``context``."""
+
+    sequences: int = 16
+    context: int = 512
+    num_heads: int = 32
+    num_kv_heads: int = 8
+    head_dim: int = 128
+    page_size: int = 16
+    num_layers: int = 1
+    dtype: str = "float32"
+    warmup: int = 3
+    steps: int = 20
+
+    def share(self, dp_size: int, rank: int) -> int:
+        """Balanced: the first ``sequences % dp_size`` ranks take one more."""
+        base, extra = divmod(self.sequences, dp_size)
+        return base + (rank < extra)
+
+    def spec(self, dp_size: int, rank: int = 0) -> Any:
+        """A ``CaseSpec`` of ``rank``'s share (``rank=None``-like global: see ``global_spec``)."""
+        from harness.workloads import CaseSpec
+
+        count = self.share(dp_size, rank)
+        return CaseSpec(
+            f"dp={dp_size}",
+            (self.context,) * count,
+            (1,) * count,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            page_size=self.page_size,
+            dtype=self.dtype,
+            dp_size=dp_size,
+            dp_rank=rank,
+            layout="per_rank",
+        )
+
+    def global_spec(self, dp_size: int) -> Any:
+        """The whole group's work (every sequence), for tokens, FLOPs and bytes."""
+        from harness.workloads import CaseSpec
+
+        return CaseSpec(
+            f"dp={dp_size}",
+            (self.context,) * self.sequences,
+            (1,) * self.sequences,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            page_size=self.page_size,
+            dtype=self.dtype,
+            dp_size=dp_size,
+            layout="per_rank",
+        )
+
+
+# -- one rank ----------------------------------------------------------------------------
+
+
+def _rank_scenario(load: ScalingLoad, dp_size: int, rank: int, device: str) -> Any:
+    """The rank's share in a pool sized for the largest share, so every rank agrees on it."""
+    from dataclasses import replace
+
+    from harness.kv_pages import pages_needed
+
+    largest = load.share(dp_size, 0)
+    total = (largest * pages_needed(load.context, load.page_size) + 1) * dp_size
+    scenario = load.spec(dp_size, rank).scenario(device)
+    return replace(scenario, total_pages=total, num_layers=load.num_layers)
+
+
+def run_rank(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from harness.bench import accepts_validate
+    from harness.dist.progress import Heartbeat
+    from harness.dist.worker import UsageProblem, fail_rank, join_group
+    from harness.registry import default_registry
+    from harness.scenario import backend_for, check_outputs, make_step_inputs
+
+    rank = int(os.environ.get("RANK", "0"))
+    dp_size = int(os.environ.get("WORLD_SIZE", "1"))
+    beat = Heartbeat(args.run_dir, rank)
+    beat.beat(-1, "init")
+    try:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // dp_size))
+        join_group(
+            "gloo" if args.device == "cpu" else "auto", args.device, rank, dp_size, args.timeout
+        )
+        load = ScalingLoad(**json.loads(args.load))
+        beat.beat(-1, "setup")
+        try:
+            entry = default_registry().resolve(args.backend)
+        except (ValueError, ImportError, LookupError) as exc:
+            raise UsageProblem(f"backend {args.backend!r}: {exc}") from exc
+        scenario = _rank_scenario(load, dp_size, rank, args.device)
+        inputs = make_step_inputs(scenario)
+        checked = backend_for(entry, scenario)
+        checked.bind_kv_caches(inputs.caches)
+        checked.prepare(inputs.step.metadata)
+        outputs = [checked.forward(*inputs.forward_args(i), i) for i in range(load.num_layers)]
+        worst = max(c.worst_ratio for c in check_outputs(inputs, outputs))
+        failed = [c.describe() for c in check_outputs(inputs, outputs) if not c.passed]
+        beat.beat(0, "exchange")
+        verdicts: list[Any] = [None] * dp_size
+        dist.all_gather_object(verdicts, (rank, worst, failed[0] if failed else None))
+        kwargs = {"validate": False} if accepts_validate(entry.cls) else {}
+        backend = backend_for(entry, scenario, **kwargs)
+        backend.bind_kv_caches(inputs.caches)
+        counts = torch.zeros(dp_size, dtype=torch.int64)
+        samples: list[int] = []
+        wrong = next((v for v in verdicts if v[2] is not None), None)
+        for step in range(0 if wrong else load.warmup + load.steps):
+            beat.beat(step, "barrier")
+            dist.barrier()
+            started = time.perf_counter_ns()
+            counts.zero_()
+            counts[rank] = inputs.step.num_tokens
+            dist.all_reduce(counts)  # the engine's token-count exchange
+            beat.beat(step, "forward")
+            backend.prepare(inputs.step.metadata)
+            for layer in range(load.num_layers):
+                backend.forward(*inputs.forward_args(layer), layer)
+            beat.beat(step, "barrier")
+            dist.barrier()
+            if step >= load.warmup:
+                samples.append(time.perf_counter_ns() - started)
+        if rank == 0 and args.run_dir is not None:
+            result = {
+                "samples_ns": samples,
+                "threads": torch.get_num_threads(),
+                "oracle": [{"rank": r, "worst_ratio": w, "problem": p} for r, w, p in verdicts],
+            }
+            (args.run_dir / "bench.json").write_text(json.dumps(result), encoding="utf-8")
+        beat.beat(load.steps, "done")
+        dist.destroy_process_group()
+    except BaseException as exc:
+        fail_rank(args.run_dir, beat, exc)
+
+
+def build_rank_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m harness.dist.scaling")
+    p.add_argument("--backend", required=True)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--load", required=True, help="the ScalingLoad as JSON")
+    p.add_argument("--run-dir", type=Path, default=None)
+    p.add_argument("--timeout", type=float, default=120.0)
+    return p
+
+
+# -- the sweep ---------------------------------------------------------------------------
+
+
+Progress = Callable[[str], None]
+
+
+def sweep(
+    backend: str,
+    dp_sizes: Sequence[int],
+    load: ScalingLoad,
+    *,
+    device: str = "cpu",
+    timeout: float = 120.0,
+    progress: Progress = print,
+    command: Sequence[str] = (),
+) -> Any:
+    """One launch per dp_size; returns the run's ``RunRecord``."""
+    from dataclasses import asdict
+
+    from harness import __version__
+    from harness.bench import case_metrics
+    from harness.ceilings import run_ceilings
+    from harness.dist.launcher import launch
+    from harness.environment import fingerprint
+    from harness.results import CaseRecord, RunRecord, TimingRecord
+
+    ceilings = run_ceilings(device, dtypes=(load.global_spec(1).torch_dtype,), measure_probe=False)
+    cases = []
+    threads_seen = []
+    for dp_size in dp_sizes:
+        spec = load.global_spec(dp_size)
+        with tempfile.TemporaryDirectory(prefix="attn-harness-scaling-") as folder:
+            run_dir = Path(folder)
+            outcome = launch(
+                ["--backend", backend, "--device", device, "--load", json.dumps(asdict(load))],
+                dp_size,
+                run_dir,
+                timeout=timeout,
+                echo_rank0=False,
+                module="harness.dist.scaling",
+            )
+            measured = _read(run_dir / "bench.json")
+        base = dict(
+            id=f"{WORKLOAD}@{VERSION}/dp={dp_size}/{backend}",
+            role="backend",
+            backend=backend,
+            workload=WORKLOAD,
+            workload_version=VERSION,
+            case=f"dp={dp_size}",
+            spec=spec.to_json() | {"processes": dp_size},
+            peer=None,
+        )
+        if outcome.exit_code != EXIT_OK or measured is None:
+            status = "TIMEOUT" if "hung" in outcome.message else "RUNTIME_ERROR"
+            cases.append(
+                CaseRecord(
+                    **base,
+                    status=status,
+                    error=outcome.message,
+                    oracle=None,
+                    forward=None,
+                    prepare=None,
+                    metrics=None,
+                )
+            )
+            progress(f"dp={dp_size}: {status}: {outcome.message}")
+            continue
+        oracle = measured["oracle"]
+        worst = max(o["worst_ratio"] for o in oracle)
+        problem = next((f"rank {o['rank']}: {o['problem']}" for o in oracle if o["problem"]), None)
+        verdict = {
+            "passed": problem is None,
+            "worst_ratio": worst,
+            "detail": problem or f"every rank within the bound (worst {worst:.3f}x)",
+        }
+        if problem is not None:
+            cases.append(
+                CaseRecord(
+                    **base,
+                    status="INCORRECT_NUMERICAL",
+                    error=problem,
+                    oracle=verdict,
+                    forward=None,
+                    prepare=None,
+                    metrics=None,
+                )
+            )
+            progress(f"dp={dp_size}: INCORRECT_NUMERICAL: {problem}")
+            continue
+        threads_seen.append(measured["threads"])
+        forward = TimingRecord(
+            samples_ns=measured["samples_ns"],
+            warmup_ns=[],
+            clock="perf_counter_ns (rank 0, barrier to barrier)",
+            threads=measured["threads"],
+            stop_reason="fixed_rounds",
+        )
+        metrics, flags = case_metrics(spec, forward, ceilings, None)
+        cases.append(
+            CaseRecord(
+                **base,
+                status="PASSED",
+                oracle=verdict,
+                forward=forward,
+                prepare=None,
+                metrics=metrics,
+                flags=flags,
+            )
+        )
+        median_ms = forward.summary().median / 1e6
+        progress(
+            f"dp={dp_size}: {metrics['tokens_per_s']:.0f} tokens/s "
+            f"(step {median_ms:.2f} ms median, {measured['threads']} threads per rank)"
+        )
+    return RunRecord(
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        tool={"name": "attn-harness dist-bench", "version": __version__, "command": list(command)},
+        environment=fingerprint(device, threads=max(threads_seen, default=1)),
+        ceilings=ceilings.to_json(),
+        timing={
+            "device": device,
+            "clock": "perf_counter_ns",
+            "threads": max(threads_seen, default=1),
+            "cold_cache": False,
+            "config": asdict(load),
+            "overhead": None,
+        },
+        workloads=[
+            {
+                "name": WORKLOAD,
+                "version": VERSION,
+                "size": "cpu" if device == "cpu" else "gpu",
+                "kind": "dp-scaling",
+                "description": (
+                    f"{load.sequences} sequences decoding at context {load.context}, shared by "
+                    "dp_size rank processes (torch.distributed); each step: token-count "
+                    "all-reduce, prepare, forward, barrier; the group's tokens per second"
+                ),
+            }
+        ],
+        cases=cases,
+    )
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+if __name__ == "__main__":
+    run_rank(build_rank_parser().parse_args())
+    sys.exit(EXIT_OK)
