@@ -26,6 +26,9 @@ from harness.dist.progress import Beat, Status, read_beat, read_status, read_sum
 POLL_S = 0.05
 GRACE_S = 2.0
 """After the first rank fails, how long the others get to fail on their own (and say why)."""
+COLLECTIVE_MARGIN_S = 30.0
+"""gloo's own timeout is the watchdog's plus this: the watchdog, which can tell the hung rank
+from those waiting on it, acts first."""
 STARTUP_S = 180.0
 """How long ranks may take to import torch and join before the stall timeout applies."""
 
@@ -76,7 +79,7 @@ def launch(
     command = [
         *worker_command(worker_args, module),
         "--run-dir", str(run_dir),
-        "--timeout", str(timeout),
+        "--timeout", str(timeout + COLLECTIVE_MARGIN_S),
     ]  # fmt: skip
     started = time.monotonic()
     procs: list[subprocess.Popen[bytes]] = []
@@ -186,6 +189,17 @@ def _first_failure(procs: list[subprocess.Popen[bytes]], run_dir: Path) -> Failu
             step = None if beat is None else beat.step
             return 1, f"rank {rank} was killed by {name} {where}", rank, step
     causes = [s for s in statuses if s is not None and not s.collateral]
+    if not causes:  # only collective errors: the cause is a rank stuck outside a collective
+        beats = [read_beat(run_dir, r) for r in range(len(procs))]
+        stuck = [b for b in beats if b is not None and not b.waiting and statuses[b.rank] is None]
+        if stuck:
+            b = stuck[0]
+            return (
+                1,
+                f"rank {b.rank} hung at {b.where()}: the others' collectives timed out",
+                b.rank,
+                b.step,
+            )
     cause = causes[0] if causes else next((s for s in statuses if s is not None), None)
     if cause is not None:
         step = "before the first step" if cause.step < 0 else f"at step {cause.step + 1}"

@@ -1,0 +1,189 @@
+"""``attn-harness dist`` with real rank processes over gloo: passes, planted bugs, faults.
+
+Each run starts dp_size Python processes; every failure must end the whole
+group with an error naming the rank and the step, leave no process behind
+(checked by process id and process group), and exit non-zero.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_dist(
+    tmp_path: Path, *args: str, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, dict[str, Any], str]:
+    out = tmp_path / "dist.json"
+    code = main(["dist", *args, "--json", str(out)])
+    text = capsys.readouterr().out
+    return code, json.loads(out.read_text()), text
+
+
+def assert_no_process_left(record: dict[str, Any]) -> None:
+    assert record["survivors"] == []
+    assert record["pids"]
+    for pid in record["pids"]:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # the rank itself
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pid, 0)  # anything it started (each rank leads its own group)
+
+
+@pytest.mark.parametrize(("dp_size", "extra"), [(2, []), (4, ["--graph"])])
+def test_a_correct_backend_passes_every_step_on_every_rank(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], dp_size: int, extra: list[str]
+) -> None:
+    code, record, text = run_dist(
+        tmp_path, "--dp-size", str(dp_size), "--backend", "sdpa", "--steps", "8", *extra,
+        capsys=capsys,
+    )  # fmt: skip
+    assert code == 0, text
+    assert "PASSED" in text
+    steps = record["summary"]["steps"]
+    assert len(steps) == 8
+    ran = [s for s in steps if s["padded"]]
+    assert ran
+    for step in ran:
+        assert step["padded"] >= max(step["counts"])
+        if "--graph" in extra:
+            assert step["padded"] in (1, 2, 4, 8) or step["padded"] % 16 == 0
+        else:
+            assert step["padded"] == max(step["counts"])
+        for rank in step["ranks"]:
+            if rank["tokens"]:
+                assert 0 <= rank["oracle_ratio"] <= 1
+                assert 0 <= rank["shared_ratio"] <= 1
+    # some rank ran a dummy batch while others worked
+    assert any(0 in s["counts"] for s in ran)
+    assert_no_process_left(record)
+
+
+def test_a_backend_that_ignores_page_offset_fails_on_the_rank_whose_pool_is_offset(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, record, text = run_dist(
+        tmp_path, "--dp-size", "2", "--backend", "suites.mutants.backends:IgnoresPageOffset",
+        "--steps", "4", capsys=capsys,
+    )  # fmt: skip
+    assert code == 1, text
+    assert record["failed_rank"] == 1  # rank 0's pool starts at page 0: it cannot tell
+    assert "rank 1" in record["message"]
+    assert_no_process_left(record)
+
+
+def test_a_backend_that_writes_padding_rows_is_caught_by_the_canary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, record, _ = run_dist(
+        tmp_path, "--dp-size", "2", "--backend", "suites.mutants.backends:WritesPaddingSlots",
+        "--steps", "6", "--graph", capsys=capsys,
+    )  # fmt: skip
+    assert code == 1
+    assert "changed layer" in record["message"]
+    assert "(raised on 2 of 2 ranks)" in record["message"]
+    assert_no_process_left(record)
+
+
+@pytest.mark.parametrize("dp_size", [2, 4])
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [
+        ("raise@1:3", "rank 1 failed at step 3 (forward): PlantedFault"),
+        ("kill@1:3", "rank 1 was killed by SIGKILL at step 3 (forward)"),
+        ("hang@1:3", "rank 1 hung at step 3 (forward): no rank moved for"),
+    ],
+)
+def test_a_failing_hung_or_killed_rank_ends_the_run_naming_rank_and_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], dp_size: int, fault: str, expected: str
+) -> None:
+    timeout = 3.0
+    started = time.monotonic()
+    code, record, text = run_dist(
+        tmp_path, "--dp-size", str(dp_size), "--backend", "reference", "--steps", "5",
+        "--inject", fault, "--timeout", str(timeout), capsys=capsys,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert code == 1, text
+    assert expected in record["message"]
+    assert (record["failed_rank"], record["failed_step"]) == (1, 2)  # 0-based in the record
+    assert_no_process_left(record)
+    assert elapsed < 90  # startup on a loaded 2-core machine, plus the timeout; never a hang
+
+
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [
+        ("count-length@2:2", "from rank 2: its token-count list has 5 entries"),
+        ("negative-count@0:3", "from rank 0: negative token count -1"),
+        ("overclaim@3:2", "from rank 3: it claims"),
+    ],
+)
+def test_bad_dp_metadata_raises_the_same_error_on_every_rank(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fault: str, expected: str
+) -> None:
+    code, record, _ = run_dist(
+        tmp_path, "--dp-size", "4", "--backend", "sdpa", "--steps", "4", "--inject", fault,
+        "--timeout", "20", capsys=capsys,
+    )  # fmt: skip
+    assert code == 1
+    assert expected in record["message"]
+    assert "(raised on 4 of 4 ranks)" in record["message"]  # no rank left waiting
+    assert_no_process_left(record)
+
+
+def test_a_backend_that_is_not_dp_aware_is_refused_with_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    backend = tmp_path / "plain.py"
+    backend.write_text(
+        "from reference_backends.reference import ReferenceBackend\n"
+        "class Plain(ReferenceBackend):\n"
+        "    def __init__(self, *, num_heads, num_kv_heads, head_dim, scale):\n"
+        "        super().__init__(num_heads=num_heads, num_kv_heads=num_kv_heads,\n"
+        "                         head_dim=head_dim, scale=scale)\n"
+    )
+    code, record, text = run_dist(
+        tmp_path, "--dp-size", "2", "--backend", f"{backend}:Plain", capsys=capsys
+    )
+    assert code == 2, text
+    assert "neither dp_size/dp_rank nor **kwargs" in record["message"]
+    assert_no_process_left(record)
+
+
+def test_an_unknown_backend_or_a_fault_outside_the_group_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, record, _ = run_dist(tmp_path, "--dp-size", "2", "--backend", "nosuch", capsys=capsys)
+    assert code == 2
+    assert "nosuch" in record["message"]
+    assert main(["dist", "--dp-size", "2", "--backend", "sdpa", "--inject", "raise@2:1"]) == 2
+    assert "rank 2 >= dp_size 2" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(
+    shutil.which("torchrun") is None and not (Path(sys.executable).parent / "torchrun").exists(),
+    reason="torchrun not installed",
+)
+def test_the_worker_also_runs_under_torchrun(tmp_path: Path) -> None:
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
+    result = subprocess.run(
+        [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "harness.dist.worker",
+         "--backend", "sdpa", "--steps", "4"],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "step 4/4" in result.stdout
