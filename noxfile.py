@@ -14,6 +14,8 @@ nox.options.sessions = ["tests", "run", "gate", "browser", "lint", "typecheck"] 
 CONSTRAINTS = ("-c", "constraints.txt")
 RUN_DIR = "reports/run"  # where the main job writes (conformance, bench.json, report/)
 BASELINES = "reports/baselines"
+DIST_DIR = "reports/dist"  # where the dist session writes
+BUILTINS = ("reference", "sdpa", "flex", "compiled", "triton")
 BASELINE_RUNS = 3
 CANDIDATE_RUNS = 3  # benchmark runs the gate pools on the candidate side
 # The gate's threshold in CI: a case fails only when its whole interval lies beyond it
@@ -156,6 +158,29 @@ def ci(session: nox.Session) -> None:
     """What CI runs, in order: tests, the main job, the gate, the browser check, lint, types."""
     for name in ("tests", "run", "gate", "browser", "lint", "typecheck"):
         session.notify(name)
+
+
+@nox.session
+def dist(session: nox.Session) -> None:
+    """Real multi-process DP over gloo: every built-in at dp_size 2 and 4, then DP scaling.
+
+    Writes ``reports/dist/``: each run's summary (``<backend>-dp<N>.json``), the scaling
+    results file (``scaling.json``, sdpa over dp_size 1..8) and its report. Extra
+    arguments go to every ``attn-harness dist`` run, e.g. ``nox -s dist -- --graph``.
+    """
+    session.install(*CONSTRAINTS, "-e", ".[triton]")
+    out = Path(DIST_DIR)
+    out.mkdir(parents=True, exist_ok=True)
+    for backend in BUILTINS:
+        for dp_size in ("2", "4"):
+            summary = out / f"{backend}-dp{dp_size}.json"
+            session.run(
+                "attn-harness", "dist", "--dp-size", dp_size, "--backend", backend,
+                "--json", str(summary), *session.posargs,
+            )  # fmt: skip
+    scaling = out / "scaling.json"
+    session.run("attn-harness", "dist-bench", "--backend", "sdpa", "--out", str(scaling))
+    session.run("attn-harness", "report", str(scaling), "--out", str(out / "report"))
 
 
 @nox.session

@@ -113,8 +113,9 @@ def launch(
         return Outcome(1, message, None, seconds, pids, survivors, logs=texts)
     if failure is None:
         return Outcome(0, "passed", read_summary(run_dir), seconds, pids, logs=texts)
-    code, message, rank, step = failure
-    return Outcome(code, message, read_summary(run_dir), seconds, pids, [], rank, step, texts)
+    code, message, failed_rank, failed_step = failure
+    summary = read_summary(run_dir)
+    return Outcome(code, message, summary, seconds, pids, [], failed_rank, failed_step, texts)
 
 
 Failure = tuple[int, str, int | None, int | None]
@@ -168,49 +169,70 @@ def _first_failure(procs: list[subprocess.Popen[bytes]], run_dir: Path) -> Failu
     deadline = time.monotonic() + GRACE_S
     while time.monotonic() < deadline and any(p.poll() is None for p in procs):
         time.sleep(POLL_S)
-    statuses: list[Status | None] = [read_status(run_dir, r) for r in range(len(procs))]
+    statuses = [read_status(run_dir, r) for r in range(len(procs))]
     codes = [p.poll() for p in procs]
-    shared = [s for s in statuses if s is not None and s.kind in ("dp-metadata", "check", "usage")]
-    if shared:
-        cause = shared[0]
-        code = 2 if cause.kind == "usage" else 1
-        agreed = sum(1 for s in statuses if s is not None and s.error == cause.error)
-        return (
-            code,
-            f"{cause.error} (raised on {agreed} of {len(procs)} ranks)",
-            cause.rank,
-            cause.step,
-        )
-    for rank, code in enumerate(codes):
-        if code is not None and code < 0 and statuses[rank] is None:
-            beat = read_beat(run_dir, rank)
-            where = "before it started" if beat is None else f"at {beat.where()}"
-            name = signal.Signals(-code).name
-            step = None if beat is None else beat.step
-            return 1, f"rank {rank} was killed by {name} {where}", rank, step
-    causes = [s for s in statuses if s is not None and not s.collateral]
-    if not causes:  # only collective errors: the cause is a rank stuck outside a collective
-        beats = [read_beat(run_dir, r) for r in range(len(procs))]
-        stuck = [b for b in beats if b is not None and not b.waiting and statuses[b.rank] is None]
-        if stuck:
-            b = stuck[0]
-            return (
-                1,
-                f"rank {b.rank} hung at {b.where()}: the others' collectives timed out",
-                b.rank,
-                b.step,
-            )
-    cause = causes[0] if causes else next((s for s in statuses if s is not None), None)
-    if cause is not None:
-        step = "before the first step" if cause.step < 0 else f"at step {cause.step + 1}"
-        return (
-            1,
-            f"rank {cause.rank} failed {step} ({cause.phase}): {cause.error}",
-            cause.rank,
-            cause.step,
-        )
+    beats = [read_beat(run_dir, r) for r in range(len(procs))]
+    for judge in (_agreed_error, _killed, _raised, _stuck, _collateral):
+        found = judge(statuses, codes, beats)
+        if found is not None:
+            return found
     rank = next(r for r, c in enumerate(codes) if c not in (None, 0))
     return 1, f"rank {rank} exited with code {codes[rank]} without a report", rank, None
+
+
+Statuses = list[Status | None]
+Codes = list[int | None]
+Beats = list[Beat | None]
+
+
+def _agreed_error(statuses: Statuses, codes: Codes, beats: Beats) -> Failure | None:
+    """An error every rank raised together (bad DP metadata, a failed check, a usage error)."""
+    shared = [s for s in statuses if s is not None and s.kind in ("dp-metadata", "check", "usage")]
+    if not shared:
+        return None
+    cause = shared[0]
+    agreed = sum(1 for s in statuses if s is not None and s.error == cause.error)
+    message = f"{cause.error} (raised on {agreed} of {len(statuses)} ranks)"
+    return (2 if cause.kind == "usage" else 1), message, cause.rank, cause.step
+
+
+def _killed(statuses: Statuses, codes: Codes, beats: Beats) -> Failure | None:
+    """A rank ended by a signal, with no report: its last beat says where it died."""
+    for rank, code in enumerate(codes):
+        if code is not None and code < 0 and statuses[rank] is None:
+            beat = beats[rank]
+            where = "before it started" if beat is None else f"at {beat.where()}"
+            step = None if beat is None else beat.step
+            return 1, f"rank {rank} was killed by {signal.Signals(-code).name} {where}", rank, step
+    return None
+
+
+def _raised(statuses: Statuses, codes: Codes, beats: Beats) -> Failure | None:
+    """A rank that raised outside a collective: the cause, the others' errors follow from it."""
+    for status in statuses:
+        if status is not None and not status.collateral:
+            step = "before the first step" if status.step < 0 else f"at step {status.step + 1}"
+            message = f"rank {status.rank} failed {step} ({status.phase}): {status.error}"
+            return 1, message, status.rank, status.step
+    return None
+
+
+def _stuck(statuses: Statuses, codes: Codes, beats: Beats) -> Failure | None:
+    """Only collective errors: the cause is a rank stuck outside a collective."""
+    for beat in beats:
+        if beat is not None and not beat.waiting and statuses[beat.rank] is None:
+            message = f"rank {beat.rank} hung at {beat.where()}: the others' collectives timed out"
+            return 1, message, beat.rank, beat.step
+    return None
+
+
+def _collateral(statuses: Statuses, codes: Codes, beats: Beats) -> Failure | None:
+    """Nothing better known: the first collective error."""
+    for status in statuses:
+        if status is not None:
+            message = f"rank {status.rank} failed at {status.phase}: {status.error}"
+            return 1, message, status.rank, status.step
+    return None
 
 
 def _kill_all(procs: list[subprocess.Popen[bytes]]) -> list[int]:
