@@ -74,8 +74,11 @@ def _rank_device(device: str, rank: int) -> str:
 
 def join_group(choice: str, device: str, rank: int, dp_size: int, timeout: float) -> None:
     """``init_process_group`` from the launcher's file store, or torchrun's ``env://``."""
+    backend = dist_backend(choice, device, dp_size)
+    if backend == "nccl":  # object collectives run on the current device
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(
-        dist_backend(choice, device, dp_size),
+        backend,
         init_method=os.environ.get("ATTN_HARNESS_DIST_INIT", "env://"),
         rank=rank,
         world_size=dp_size,
