@@ -195,3 +195,15 @@ def test_setup_refuses_bad_geometry() -> None:
         DistSetup(dp_size=0)
     with pytest.raises(ValueError, match="dtype"):
         DistSetup(dp_size=1, dtype="float8")
+
+
+def test_the_run_moves_inside_a_narrow_claim_instead_of_refusing_it() -> None:
+    from harness import Capabilities
+    from harness.dist.worker import fit_claim
+
+    setup = DistSetup(dp_size=2)
+    dtypes = (torch.float32,)
+    assert fit_claim(setup, Capabilities(dtypes=dtypes, devices=("cpu",))) == setup
+    narrow = Capabilities(dtypes=dtypes, devices=("cpu",), page_sizes=(8, 64), head_dims=(128, 64))
+    fitted = fit_claim(setup, narrow)
+    assert (fitted.page_size, fitted.head_dim) == (8, 64)

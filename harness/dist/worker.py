@@ -19,6 +19,7 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,20 @@ def fail_rank(run_dir: Path | None, beat: Heartbeat, exc: BaseException) -> None
     os._exit(EXIT_USAGE if kind == "usage" else EXIT_FAILED)
 
 
+def fit_claim(setup: DistSetup, caps: Any) -> DistSetup:
+    """The run's page size and head dim moved inside the backend's claim, where it has one.
+
+    A backend that claims no page size 16 or head dim 32 is not wrong: the run
+    takes the claimed value nearest to them instead of refusing it.
+    """
+    changes = {}
+    for name, claim in (("page_size", caps.page_sizes), ("head_dim", caps.head_dims)):
+        wanted = getattr(setup, name)
+        if claim is not None and claim and wanted not in claim:
+            changes[name] = min(claim, key=lambda v: (abs(v - wanted), v))
+    return replace(setup, **changes) if changes else setup
+
+
 class RankLoop:
     """The engine loop of one rank; rank 0 also checks the group."""
 
@@ -120,6 +135,7 @@ class RankLoop:
         except (ValueError, ImportError, LookupError) as exc:
             raise UsageProblem(f"backend {args.backend!r}: {exc}") from exc
         self.entry = entry
+        self.setup = fit_claim(self.setup, entry.capabilities)
         self._check_claim(entry)
         s = self.setup
 
