@@ -94,8 +94,9 @@ def test_a_group_with_no_tokens_skips_the_step() -> None:
 
 
 def test_a_backend_without_padding_runs_its_own_batch() -> None:
-    step = pad_step([3, 0, 7], rank=1, graph=True, can_pad=False)
+    step = pad_step([3, 0, 7], rank=1, graph=False, can_pad=False)
     assert (step.padded_tokens, step.padding, step.graph_mode) == (0, 0, False)
+    assert not step.skipped  # the idle rank runs nothing but still joins the step
 
 
 def test_faults_parse_and_refuse_bad_text() -> None:
@@ -199,7 +200,7 @@ def test_setup_refuses_bad_geometry() -> None:
 
 def test_the_run_moves_inside_a_narrow_claim_instead_of_refusing_it() -> None:
     from harness import Capabilities
-    from harness.dist.worker import fit_claim
+    from harness.dist.claims import fit_claim
 
     setup = DistSetup(dp_size=2)
     dtypes = (torch.float32,)
@@ -207,3 +208,11 @@ def test_the_run_moves_inside_a_narrow_claim_instead_of_refusing_it() -> None:
     narrow = Capabilities(dtypes=dtypes, devices=("cpu",), page_sizes=(8, 64), head_dims=(128, 64))
     fitted = fit_claim(setup, narrow)
     assert (fitted.page_size, fitted.head_dim) == (8, 64)
+
+
+def test_any_seed_draws_a_schedule() -> None:
+    setup = DistSetup(dp_size=2, seed=10**12)
+    schedule = RankSchedule(setup, 1)
+    for step in range(4):
+        schedule.plan(step)
+        schedule.build(step, 1)

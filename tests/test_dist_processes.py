@@ -187,3 +187,179 @@ def test_the_worker_also_runs_under_torchrun(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "step 4/4" in result.stdout
+
+
+BACKENDS = ROOT / "tests" / "fixtures" / "dist_backends.py"
+
+
+def test_a_backend_without_padding_runs_unpadded_and_idle_ranks_still_join(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, record, text = run_dist(
+        tmp_path, "--dp-size", "3", "--backend", f"{BACKENDS}:NoPadding", "--steps", "6",
+        "--timeout", "30", capsys=capsys,
+    )  # fmt: skip
+    assert code == 0, text
+    assert record["summary"]["padding"].startswith("off")
+    ran = [s for s in record["summary"]["steps"] if s["ranks"]]
+    assert any(0 in s["counts"] for s in ran)  # an idle rank took part without a forward
+    assert main(["dist", "--dp-size", "2", "--backend", f"{BACKENDS}:NoPadding", "--graph"]) == 2
+    assert "claims no graph-mode padding" in capsys.readouterr().out
+
+
+def test_a_narrow_claim_runs_inside_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, record, text = run_dist(
+        tmp_path, "--dp-size", "2", "--backend", f"{BACKENDS}:NarrowClaim", "--steps", "3",
+        capsys=capsys,
+    )  # fmt: skip
+    assert code == 0, text
+    assert (record["summary"]["setup"]["page_size"], record["summary"]["setup"]["head_dim"]) == (
+        8,
+        64,
+    )
+
+
+def test_a_constructor_failing_on_one_rank_is_that_rank_s_failure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, record, _ = run_dist(
+        tmp_path, "--dp-size", "2", "--backend", f"{BACKENDS}:NoRankOne", "--steps", "2",
+        capsys=capsys,
+    )  # fmt: skip
+    assert code == 1  # the backend failed; the run was asked for correctly
+    assert record["failed_rank"] == 1
+    assert "dp_rank 1 raised RuntimeError: no device for dp_rank 1" in record["message"]
+    assert_no_process_left(record)
+
+
+def test_a_shared_error_names_the_rank_it_is_about(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, record, _ = run_dist(
+        tmp_path, "--dp-size", "3", "--backend", "sdpa", "--steps", "3",
+        "--inject", "overclaim@2:2", capsys=capsys,
+    )  # fmt: skip
+    assert code == 1
+    assert record["failed_rank"] == 2
+
+
+def test_a_fault_in_a_step_no_rank_has_tokens_still_fires(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, record, _ = run_dist(
+        tmp_path, "--dp-size", "2", "--backend", "sdpa", "--steps", "3",
+        "--inject", "kill@1:1", capsys=capsys,
+    )  # fmt: skip
+    assert record["summary"] is None or record["summary"]["steps"][0]["padded"] == 0
+    assert code == 1
+    assert "rank 1 was killed by SIGKILL at step 1" in record["message"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--inject", "raise@1:9"], "step 9 is outside the run's steps 1..3"),
+        (["--inject", "raise@1:0"], "step 0 is outside"),
+        (
+            ["--json", "/nonexistent/folder/x.json"],
+            "--json: folder /nonexistent/folder does not exist",
+        ),
+        (["--dist-backend", "nccl"], "no CUDA device"),
+    ],
+)
+def test_bad_command_lines_are_refused_before_any_rank_starts(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    if "--dist-backend" in args:
+        args = [*args, "--device", "cuda"]
+    assert main(["dist", "--dp-size", "2", "--backend", "sdpa", "--steps", "3", *args]) == 2
+    out = capsys.readouterr().out
+    assert message in out
+    assert "Traceback" not in out
+
+
+def test_any_seed_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, text = run_dist(
+        tmp_path, "--dp-size", "2", "--backend", "sdpa", "--steps", "3", "--seed", "100000",
+        capsys=capsys,
+    )  # fmt: skip
+    assert code == 0, text
+
+
+def _workers_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"harness.dist.worker" in command and marker.encode() in command:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
+@pytest.mark.parametrize("how", [signal_name for signal_name in ("SIGTERM", "SIGKILL")])
+def test_a_terminated_or_killed_launcher_leaves_no_rank_behind(how: str) -> None:
+    import signal
+
+    marker = str(7_000_000 + os.getpid())  # a seed no other run uses: finds this run's ranks
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "harness", "dist", "--dp-size", "2", "--backend", "sdpa",
+         "--steps", "4", "--seed", marker, "--inject", "hang@0:2", "--timeout", "120"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while len(_workers_with(marker)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(_workers_with(marker)) == 2
+    time.sleep(3)  # into the hang
+    launcher.send_signal(getattr(signal, how))
+    launcher.wait(timeout=60)
+    deadline = time.monotonic() + 15
+    while _workers_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _workers_with(marker) == []
+
+
+def test_dist_bench_writes_a_scaling_results_file_the_report_draws(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.results import load_results
+
+    out = tmp_path / "scaling.json"
+    code = main([
+        "dist-bench", "--backend", "sdpa", "--dp-sizes", "1,2", "--sequences", "4",
+        "--context", "64", "--steps", "5", "--warmup", "1", "--out", str(out),
+    ])  # fmt: skip
+    text = capsys.readouterr().out
+    assert code == 0, text
+    record = load_results(out)
+    assert [c.spec["dp_size"] for c in record.cases] == [1, 2]
+    assert all(c.status == "PASSED" for c in record.cases)
+    assert all(c.oracle and c.oracle["passed"] for c in record.cases)
+    assert all(c.metrics and c.metrics["tokens"] == 4 for c in record.cases)
+    assert record.workloads[0]["kind"] == "dp-scaling"
+    report = tmp_path / "report"
+    assert main(["report", str(out), "--out", str(report)]) == 0
+    assert (report / "figures" / "dp-scaling.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--backend", "nosuch"], "nosuch"),
+        (["--backend", f"{BACKENDS}:TwoRanksAtMost", "--dp-sizes", "1-3"], "dp_size <= 2"),
+        (["--backend", "sdpa", "--dp-sizes", "1-8", "--sequences", "4"], "a rank with none"),
+    ],
+)
+def test_dist_bench_refuses_what_it_cannot_run_before_starting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    out = tmp_path / "scaling.json"
+    assert main(["dist-bench", *args, "--out", str(out)]) == 2
+    assert message in capsys.readouterr().out
+    assert not out.exists()

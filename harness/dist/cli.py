@@ -10,7 +10,7 @@ from typing import Any
 
 from harness.dist.faults import Fault
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def _positive(text: str) -> int:
@@ -18,6 +18,16 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def _at_least(low: int) -> Any:
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
 
 
 def _seconds(text: str) -> float:
@@ -88,27 +98,52 @@ def worker_args(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def cmd_dist(args: argparse.Namespace) -> int:
-    from harness.atomic_file import write_atomically
-    from harness.dist.launcher import launch
+def _usage_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the command line, found before any rank starts."""
+    from harness.dist.group import group_problem
+    from harness.results import check_writable
 
-    try:
-        for fault in args.inject:
-            parsed = Fault.parse(fault)
-            if parsed.rank >= args.dp_size:
-                raise ValueError(f"fault {fault}: rank {parsed.rank} >= dp_size {args.dp_size}")
-    except ValueError as exc:
-        print(f"attn-harness dist: error: {exc}")
+    for text in args.inject:
+        try:
+            fault = Fault.parse(text)
+        except ValueError as exc:
+            return str(exc)
+        if fault.rank >= args.dp_size:
+            return f"fault {text}: rank {fault.rank} >= dp_size {args.dp_size}"
+        if not 1 <= fault.step <= args.steps:
+            return f"fault {text}: step {fault.step} is outside the run's steps 1..{args.steps}"
+    if args.json is not None:
+        problem = check_writable(args.json)
+        if problem is not None:
+            return f"--json: {problem}"
+    return group_problem(args.dist_backend, args.device, args.dp_size)
+
+
+def cmd_dist(args: argparse.Namespace) -> int:
+    from harness.dist.launcher import Terminated, launch
+
+    problem = _usage_problem(args)
+    if problem is not None:
+        print(f"attn-harness dist: error: {problem}")
         return EXIT_USAGE
     print(f"dist: {args.dp_size} ranks of {args.backend!r}, {args.steps} steps, seed {args.seed}")
-    with tempfile.TemporaryDirectory(prefix="attn-harness-dist-") as run_dir:
-        outcome = launch(worker_args(args), args.dp_size, Path(run_dir), timeout=args.timeout)
+    try:
+        with tempfile.TemporaryDirectory(prefix="attn-harness-dist-") as run_dir:
+            outcome = launch(worker_args(args), args.dp_size, Path(run_dir), timeout=args.timeout)
+    except (KeyboardInterrupt, Terminated) as exc:
+        print(f"dist: interrupted ({exc or 'SIGINT'}); every rank was killed")
+        return EXIT_INTERRUPTED
+    summary = outcome.summary or {}
+    checked = summary.get("checked_steps", 0)
+    if outcome.exit_code == EXIT_OK and not checked:
+        outcome.exit_code = EXIT_FAILED
+        outcome.message = "no step was checked: no rank had tokens in any step (try more --steps)"
     if outcome.exit_code == EXIT_OK:
-        summary = outcome.summary or {}
         print(
-            f"PASSED: {args.dp_size} ranks, {len(summary.get('steps', []))} steps checked "
-            f"against the float64 oracle and the shared pool in {outcome.seconds:.1f} s; "
-            f"padding {summary.get('padding', '?')}; no process left"
+            f"PASSED: {args.dp_size} ranks, {checked} of {args.steps} steps checked against "
+            f"the float64 oracle and the shared pool ({args.steps - checked} had no tokens "
+            f"anywhere) in {outcome.seconds:.1f} s; padding {summary.get('padding', '?')}; "
+            "no process left"
         )
     else:
         print(f"FAILED: {outcome.message}")
@@ -117,18 +152,25 @@ def cmd_dist(args: argparse.Namespace) -> int:
             print(f"--- last lines of rank {rank}'s output ---\n{outcome.logs[rank]}")
         print(f"ended in {outcome.seconds:.1f} s; processes left: {outcome.survivors or 'none'}")
     if args.json is not None:
-        record = {
-            "exit_code": outcome.exit_code,
-            "message": outcome.message,
-            "seconds": outcome.seconds,
-            "pids": outcome.pids,
-            "survivors": outcome.survivors,
-            "failed_rank": outcome.failed_rank,
-            "failed_step": outcome.failed_step,
-            "summary": outcome.summary,
-        }
-        write_atomically(args.json, (json.dumps(record, indent=2) + "\n").encode())
+        _write_json(args.json, outcome)
     return outcome.exit_code
+
+
+def _write_json(path: Path, outcome: Any) -> None:
+    from harness.atomic_file import write_atomically
+
+    record = {
+        "exit_code": outcome.exit_code,
+        "message": outcome.message,
+        "seconds": outcome.seconds,
+        "pids": outcome.pids,
+        "survivors": outcome.survivors,
+        "failed_rank": outcome.failed_rank,
+        "failed_step": outcome.failed_step,
+        "hung": outcome.hung,
+        "summary": outcome.summary,
+    }
+    write_atomically(path, (json.dumps(record, indent=2) + "\n").encode())
 
 
 def _dp_sizes(text: str) -> list[int]:
@@ -164,8 +206,8 @@ def add_dist_bench_command(subparsers: Any) -> None:
     p.add_argument("--dp-sizes", type=_dp_sizes, default=_dp_sizes("1-8"), help="default 1-8")
     p.add_argument("--sequences", type=_positive, default=16, help="global decode batch")
     p.add_argument("--context", type=_positive, default=512, help="context length of each")
-    p.add_argument("--steps", type=_positive, default=20, help="timed steps per dp size")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    p.add_argument("--steps", type=_at_least(5), default=20, help="timed steps per dp size (>= 5)")
+    p.add_argument("--warmup", type=_at_least(0), default=3, help="untimed steps first")
     p.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     p.add_argument("--device", default="cpu")
     p.add_argument("--timeout", type=_seconds, default=120.0)
@@ -173,19 +215,48 @@ def add_dist_bench_command(subparsers: Any) -> None:
     p.set_defaults(func=cmd_dist_bench)
 
 
+def _bench_problem(args: argparse.Namespace, load: Any) -> str | None:
+    """What stops the sweep before it starts: the output, the group, the backend's claim."""
+    from harness.dist.claims import claim_problems
+    from harness.dist.failures import UsageProblem
+    from harness.dist.group import group_problem
+    from harness.dist.worker import resolve_entry
+    from harness.results import check_writable
+
+    problem = check_writable(args.out)
+    if problem is not None:
+        return f"--out: {problem}"
+    if max(args.dp_sizes) > args.sequences:
+        return f"--sequences {args.sequences} < dp size {max(args.dp_sizes)}: a rank with none"
+    problem = group_problem("auto", args.device, max(args.dp_sizes))
+    if problem is not None:
+        return problem
+    try:
+        entry = resolve_entry(args.backend)
+    except UsageProblem as exc:
+        return str(exc)
+    spec = load.global_spec(1)
+    problems = claim_problems(
+        entry,
+        dtype=spec.torch_dtype,
+        device=args.device,
+        dp_sizes=args.dp_sizes,
+        page_size=load.page_size,
+        head_dim=load.head_dim,
+        longest=load.context,
+    )
+    if problems:
+        return f"backend {entry.name!r} cannot run this: {'; '.join(problems)}"
+    return None
+
+
 def cmd_dist_bench(args: argparse.Namespace) -> int:
     import sys
 
     from harness.dist.scaling import ScalingLoad, sweep
-    from harness.results import FAILING_STATUSES, check_writable, save_results
+    from harness.results import FAILING_STATUSES, save_results
     from harness.text_table import aligned
 
-    problem = check_writable(args.out)
-    if problem is None and max(args.dp_sizes) > args.sequences:
-        problem = f"--sequences {args.sequences} < dp size {max(args.dp_sizes)}: a rank with none"
-    if problem is not None:
-        print(f"attn-harness dist-bench: error: {problem}")
-        return EXIT_USAGE
     load = ScalingLoad(
         sequences=args.sequences,
         context=args.context,
@@ -193,6 +264,10 @@ def cmd_dist_bench(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         steps=args.steps,
     )
+    problem = _bench_problem(args, load)
+    if problem is not None:
+        print(f"attn-harness dist-bench: error: {problem}")
+        return EXIT_USAGE
     record = sweep(
         args.backend,
         args.dp_sizes,
@@ -202,18 +277,19 @@ def cmd_dist_bench(args: argparse.Namespace) -> int:
         command=["attn-harness", *sys.argv[1:]],
     )
     save_results(record, args.out)
+    rates = {
+        case.spec.get("dp_size"): (case.metrics or {}).get("tokens_per_s") for case in record.cases
+    }
+    single = rates.get(1)
     rows = [["dp_size", "status", "tokens/s", "vs dp=1", "step ms (median)"]]
-    first = None
     for case in record.cases:
         metrics = case.metrics or {}
         rate = metrics.get("tokens_per_s")
-        if first is None and rate:
-            first = rate
         rows.append([
             str(case.spec.get("dp_size")),
             case.status,
             f"{rate:.0f}" if rate else "-",
-            f"{rate / first:.2f}x" if rate and first else "-",
+            f"{rate / single:.2f}x" if rate and single else "-",
             f"{metrics['median_s'] * 1e3:.2f}" if rate else "-",
         ])  # fmt: skip
     print("\n".join(aligned(rows)))

@@ -20,7 +20,14 @@ GRAPH_SIZE_STEP = 16
 
 
 class DPMetadataError(ValueError):
-    """The group's token counts are inconsistent; every rank raises the same one."""
+    """The group's token counts are inconsistent; every rank raises the same one.
+
+    ``culprit`` is the rank whose report was bad.
+    """
+
+    def __init__(self, message: str, culprit: int | None = None) -> None:
+        super().__init__(message)
+        self.culprit = culprit
 
 
 def captured_size(num_tokens: int) -> int:
@@ -74,25 +81,29 @@ def group_counts(reports: Sequence[CountReport], dp_size: int, step: int) -> lis
         if len(counts) != dp_size:
             raise DPMetadataError(
                 f"{where} from rank {rank}: its token-count list has {len(counts)} entries, "
-                f"expected one per rank (dp_size={dp_size})"
+                f"expected one per rank (dp_size={dp_size})",
+                rank,
             )
         negative = [i for i, n in enumerate(counts) if n < 0]
         if negative:
             raise DPMetadataError(
                 f"{where} from rank {rank}: negative token count {counts[negative[0]]} "
-                f"for rank {negative[0]}"
+                f"for rank {negative[0]}",
+                rank,
             )
         foreign = [i for i, n in enumerate(counts) if n and i != rank]
         if foreign:
             raise DPMetadataError(
                 f"{where} from rank {rank}: it sets the count of rank {foreign[0]}; "
-                "a rank reports only its own tokens"
+                "a rank reports only its own tokens",
+                rank,
             )
         if counts[rank] != report.actual:
             claim = "more" if counts[rank] > report.actual else "fewer"
             raise DPMetadataError(
                 f"{where} from rank {rank}: it claims {counts[rank]} tokens but its batch "
-                f"holds {report.actual} ({claim} than it has)"
+                f"holds {report.actual} ({claim} than it has)",
+                rank,
             )
         totals = [a + b for a, b in zip(totals, counts, strict=True)]
     return totals
@@ -103,13 +114,14 @@ class PaddedStep:
     """How one step runs across the group: its padded size and this rank's padding."""
 
     counts: tuple[int, ...]
-    padded_tokens: int  # every rank's batch holds this many tokens (0: the group skips)
+    padded_tokens: int  # this rank's batch holds this many tokens (padding included)
     padding: int  # this rank's padding tokens, one padding row each
     graph_mode: bool  # what ``prepare`` is told: graph mode, or padding rows present
 
     @property
     def skipped(self) -> bool:
-        return self.padded_tokens == 0
+        """No rank has tokens: the whole group skips the step (an idle rank alone never does)."""
+        return max(self.counts, default=0) == 0
 
 
 def pad_step(counts: Sequence[int], rank: int, *, graph: bool, can_pad: bool = True) -> PaddedStep:
@@ -117,7 +129,8 @@ def pad_step(counts: Sequence[int], rank: int, *, graph: bool, can_pad: bool = T
 
     When no rank has tokens the group skips the step, as engines do. A
     backend that cannot take padding rows (``can_pad=False``) runs its own
-    batch unpadded and an idle rank skips ``forward``.
+    batch unpadded; an idle rank then runs no ``forward`` but still takes part
+    in the step's collectives.
     """
     largest = max(counts, default=0)
     if largest == 0:

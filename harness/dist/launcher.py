@@ -15,13 +15,16 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.dist.progress import Beat, Status, read_beat, read_status, read_summary
+from harness.dist.diagnosis import Failure, diagnose_exit, diagnose_stall
+from harness.dist.group import INIT_ENV, PARENT_ENV
+from harness.dist.progress import read_beat, read_status, read_summary
 
 POLL_S = 0.05
 GRACE_S = 2.0
@@ -45,11 +48,19 @@ class Outcome:
     survivors: list[int] = field(default_factory=list)
     failed_rank: int | None = None
     failed_step: int | None = None
+    hung: bool = False
     logs: dict[int, str] = field(default_factory=dict)
 
 
 def worker_command(worker_args: Sequence[str], module: str = "harness.dist.worker") -> list[str]:
     return [sys.executable, "-m", module, *worker_args]
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _environment(rank: int, dp_size: int, run_dir: Path) -> dict[str, str]:
@@ -59,10 +70,34 @@ def _environment(rank: int, dp_size: int, run_dir: Path) -> dict[str, str]:
         LOCAL_RANK=str(rank),
         WORLD_SIZE=str(dp_size),
         LOCAL_WORLD_SIZE=str(dp_size),
-        ATTN_HARNESS_DIST_INIT=f"file://{run_dir / 'store'}",
     )
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // dp_size)))
+    env[INIT_ENV] = f"file://{run_dir / 'store'}"
+    env[PARENT_ENV] = str(os.getpid())
+    # the machine's cores shared among the ranks, unless the caller chose
+    env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cpus() // dp_size)))
     return env
+
+
+class Terminated(Exception):
+    """SIGTERM or SIGHUP reached the launcher: end the ranks, then leave."""
+
+
+@contextlib.contextmanager
+def _terminations_raise() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into an exception, so the ranks are killed on the way out."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated(signal.Signals(signum).name)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def launch(
@@ -74,51 +109,65 @@ def launch(
     echo_rank0: bool = True,
     module: str = "harness.dist.worker",
 ) -> Outcome:
-    """Run ``dp_size`` ranks of ``python -m MODULE worker_args`` to the end."""
+    """Run ``dp_size`` ranks of ``python -m MODULE worker_args`` to the end.
+
+    Every way out (a failure, Ctrl-C, SIGTERM, SIGHUP) kills every rank's
+    process group first; ranks also die with the launcher if it is killed.
+    """
     run_dir.mkdir(parents=True, exist_ok=True)
+    # gloo's timeout covers joining too: it outlasts the startup allowance and the watchdog
+    collective_timeout = max(timeout, STARTUP_S) + COLLECTIVE_MARGIN_S
     command = [
         *worker_command(worker_args, module),
         "--run-dir", str(run_dir),
-        "--timeout", str(timeout + COLLECTIVE_MARGIN_S),
+        "--timeout", str(collective_timeout),
     ]  # fmt: skip
     started = time.monotonic()
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
-    try:
-        for rank in range(dp_size):
-            log = open(run_dir / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed below
-            logs.append(log)
-            procs.append(
-                subprocess.Popen(
-                    command,
-                    env=_environment(rank, dp_size, run_dir),
-                    stdout=None if (rank == 0 and echo_rank0) else log,
-                    stderr=log,
-                    start_new_session=True,  # its own process group: killed as one
+    with _terminations_raise():
+        try:
+            for rank in range(dp_size):
+                log = open(run_dir / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed below
+                logs.append(log)
+                procs.append(
+                    subprocess.Popen(
+                        command,
+                        env=_environment(rank, dp_size, run_dir),
+                        stdout=None if (rank == 0 and echo_rank0) else log,
+                        stderr=log,
+                        start_new_session=True,  # its own process group: killed as one
+                    )
                 )
-            )
-        failure = _watch(procs, run_dir, timeout)
-    except BaseException:
-        _kill_all(procs)
-        raise
-    finally:
-        for log in logs:
-            log.close()
-    survivors = _kill_all(procs)
+            failure = _watch(procs, run_dir, timeout)
+        except BaseException:
+            _kill_all(procs)
+            raise
+        finally:
+            for log in logs:
+                log.close()
+        survivors = _kill_all(procs)
     seconds = time.monotonic() - started
     pids = [p.pid for p in procs]
     texts = {r: _tail(run_dir / f"rank{r}.log") for r in range(dp_size)}
     if survivors:
         message = f"processes still alive after the run: {survivors}"
         return Outcome(1, message, None, seconds, pids, survivors, logs=texts)
-    if failure is None:
-        return Outcome(0, "passed", read_summary(run_dir), seconds, pids, logs=texts)
-    code, message, failed_rank, failed_step = failure
     summary = read_summary(run_dir)
-    return Outcome(code, message, summary, seconds, pids, [], failed_rank, failed_step, texts)
-
-
-Failure = tuple[int, str, int | None, int | None]
+    if failure is None:
+        return Outcome(0, "passed", summary, seconds, pids, logs=texts)
+    return Outcome(
+        failure.code,
+        failure.message,
+        summary,
+        seconds,
+        pids,
+        [],
+        failure.rank,
+        failure.step,
+        failure.hung,
+        texts,
+    )
 
 
 def _watch(procs: list[subprocess.Popen[bytes]], run_dir: Path, timeout: float) -> Failure | None:
@@ -139,29 +188,8 @@ def _watch(procs: list[subprocess.Popen[bytes]], run_dir: Path, timeout: float) 
             seen, last_change = marks, now
         started = all(b is not None and b.phase not in ("init", "setup") for b in beats)
         if now - last_change > (timeout if started else max(timeout, STARTUP_S)):
-            return _stall(beats, now - last_change)
+            return diagnose_stall(beats, codes, now - last_change, timeout)
         time.sleep(POLL_S)
-
-
-def _stall(beats: list[Beat | None], idle: float) -> Failure:
-    """Name the hung ranks: those stopped outside a collective, else the furthest behind."""
-    stuck = [b for b in beats if b is not None and not b.waiting]
-    missing = [r for r, b in enumerate(beats) if b is None]
-    if missing:
-        rank = missing[0]
-        return 1, f"rank {rank} never started: no sign of it for {idle:.0f} s", rank, None
-    if not stuck:
-        known = [b for b in beats if b is not None]
-        stuck = [min(known, key=lambda b: (b.step, b.rank))]
-    culprit = stuck[0]
-    others = ", ".join(f"rank {b.rank} at {b.where()}" for b in beats if b is not None)
-    return (
-        1,
-        f"rank {culprit.rank} hung at {culprit.where()}: no rank moved for {idle:.1f} s "
-        f"(the timeout); {others}",
-        culprit.rank,
-        culprit.step,
-    )
 
 
 def _first_failure(procs: list[subprocess.Popen[bytes]], run_dir: Path) -> Failure:
@@ -169,70 +197,12 @@ def _first_failure(procs: list[subprocess.Popen[bytes]], run_dir: Path) -> Failu
     deadline = time.monotonic() + GRACE_S
     while time.monotonic() < deadline and any(p.poll() is None for p in procs):
         time.sleep(POLL_S)
-    statuses = [read_status(run_dir, r) for r in range(len(procs))]
-    codes = [p.poll() for p in procs]
-    beats = [read_beat(run_dir, r) for r in range(len(procs))]
-    for judge in (_agreed_error, _killed, _raised, _stuck, _collateral):
-        found = judge(statuses, codes, beats)
-        if found is not None:
-            return found
-    rank = next(r for r, c in enumerate(codes) if c not in (None, 0))
-    return 1, f"rank {rank} exited with code {codes[rank]} without a report", rank, None
-
-
-Statuses = list[Status | None]
-Codes = list[int | None]
-Beats = list[Beat | None]
-
-
-def _agreed_error(statuses: Statuses, codes: Codes, beats: Beats) -> Failure | None:
-    """An error every rank raised together (bad DP metadata, a failed check, a usage error)."""
-    shared = [s for s in statuses if s is not None and s.kind in ("dp-metadata", "check", "usage")]
-    if not shared:
-        return None
-    cause = shared[0]
-    agreed = sum(1 for s in statuses if s is not None and s.error == cause.error)
-    message = f"{cause.error} (raised on {agreed} of {len(statuses)} ranks)"
-    return (2 if cause.kind == "usage" else 1), message, cause.rank, cause.step
-
-
-def _killed(statuses: Statuses, codes: Codes, beats: Beats) -> Failure | None:
-    """A rank ended by a signal, with no report: its last beat says where it died."""
-    for rank, code in enumerate(codes):
-        if code is not None and code < 0 and statuses[rank] is None:
-            beat = beats[rank]
-            where = "before it started" if beat is None else f"at {beat.where()}"
-            step = None if beat is None else beat.step
-            return 1, f"rank {rank} was killed by {signal.Signals(-code).name} {where}", rank, step
-    return None
-
-
-def _raised(statuses: Statuses, codes: Codes, beats: Beats) -> Failure | None:
-    """A rank that raised outside a collective: the cause, the others' errors follow from it."""
-    for status in statuses:
-        if status is not None and not status.collateral:
-            step = "before the first step" if status.step < 0 else f"at step {status.step + 1}"
-            message = f"rank {status.rank} failed {step} ({status.phase}): {status.error}"
-            return 1, message, status.rank, status.step
-    return None
-
-
-def _stuck(statuses: Statuses, codes: Codes, beats: Beats) -> Failure | None:
-    """Only collective errors: the cause is a rank stuck outside a collective."""
-    for beat in beats:
-        if beat is not None and not beat.waiting and statuses[beat.rank] is None:
-            message = f"rank {beat.rank} hung at {beat.where()}: the others' collectives timed out"
-            return 1, message, beat.rank, beat.step
-    return None
-
-
-def _collateral(statuses: Statuses, codes: Codes, beats: Beats) -> Failure | None:
-    """Nothing better known: the first collective error."""
-    for status in statuses:
-        if status is not None:
-            message = f"rank {status.rank} failed at {status.phase}: {status.error}"
-            return 1, message, status.rank, status.step
-    return None
+    ranks = range(len(procs))
+    return diagnose_exit(
+        [read_status(run_dir, r) for r in ranks],
+        [p.poll() for p in procs],
+        [read_beat(run_dir, r) for r in ranks],
+    )
 
 
 def _kill_all(procs: list[subprocess.Popen[bytes]]) -> list[int]:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-COLLECTIVE_PHASES = frozenset({"exchange", "gather", "verdict", "barrier", "init"})
+COLLECTIVE_PHASES = frozenset({"exchange", "gather", "verdict", "barrier", "init", "join"})
 """Phases in which a rank waits for the others: a stall there is not its own fault."""
 
 
@@ -73,13 +73,18 @@ def read_beat(run_dir: Path, rank: int) -> Beat | None:
 
 @dataclass(frozen=True)
 class Status:
-    """How a rank failed. ``kind``: raised, dp-metadata, check, collective, usage."""
+    """How a rank failed. ``kind``: raised, collective, dp-metadata, check, setup, usage.
+
+    ``culprit`` is the rank an error shared by the group is about (a bad count's
+    sender, the rank whose output was wrong), where that is known.
+    """
 
     rank: int
     step: int
     phase: str
     kind: str
     error: str
+    culprit: int | None = None
 
     @property
     def collateral(self) -> bool:
@@ -96,7 +101,8 @@ def read_status(run_dir: Path, rank: int) -> Status | None:
     data = _read_json(run_dir / f"rank{rank}.status.json")
     if data is None:
         return None
-    return Status(**{k: data[k] for k in ("rank", "step", "phase", "kind", "error")})
+    fields = {k: data[k] for k in ("rank", "step", "phase", "kind", "error")}
+    return Status(**fields, culprit=data.get("culprit"))
 
 
 def write_summary(run_dir: Path | None, summary: dict[str, Any]) -> None:

@@ -107,26 +107,23 @@ def run_rank(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     from harness.bench import accepts_validate
+    from harness.dist.failures import fail_rank
+    from harness.dist.group import die_with_parent, join_group
     from harness.dist.progress import Heartbeat
-    from harness.dist.worker import UsageProblem, fail_rank, join_group
-    from harness.registry import default_registry
+    from harness.dist.worker import resolve_entry
     from harness.scenario import backend_for, check_outputs, make_step_inputs
 
+    die_with_parent()
     rank = int(os.environ.get("RANK", "0"))
     dp_size = int(os.environ.get("WORLD_SIZE", "1"))
     beat = Heartbeat(args.run_dir, rank)
     beat.beat(-1, "init")
     try:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // dp_size))
-        join_group(
-            "gloo" if args.device == "cpu" else "auto", args.device, rank, dp_size, args.timeout
-        )
+        # torch's threads: OMP_NUM_THREADS, the launcher's share of the cores unless set
+        join_group("auto", args.device, rank, dp_size, args.timeout)
         load = ScalingLoad(**json.loads(args.load))
         beat.beat(-1, "setup")
-        try:
-            entry = default_registry().resolve(args.backend)
-        except (ValueError, ImportError, LookupError) as exc:
-            raise UsageProblem(f"backend {args.backend!r}: {exc}") from exc
+        entry = resolve_entry(args.backend)
         scenario = _rank_scenario(load, dp_size, rank, args.device)
         inputs = make_step_inputs(scenario)
         checked = backend_for(entry, scenario)
@@ -235,7 +232,7 @@ def sweep(
             peer=None,
         )
         if outcome.exit_code != EXIT_OK or measured is None:
-            status = "TIMEOUT" if "hung" in outcome.message else "RUNTIME_ERROR"
+            status = "TIMEOUT" if outcome.hung else "RUNTIME_ERROR"
             cases.append(
                 CaseRecord(
                     **base,

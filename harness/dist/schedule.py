@@ -21,6 +21,8 @@ from harness.contract import LayerCache
 from harness.kv_pages import PagePool, PoolLayout, make_layer_caches, pages_needed
 from harness.oracle import SequenceKV
 
+SEED_MODULUS = 2**63 - 1
+"""torch generators take seeds below 2**63; any ``--seed`` maps into that range."""
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -182,7 +184,7 @@ class RankSchedule:
         s = self.setup
         assert result.step is not None
         seed = ((s.seed * 7919 + self.rank) * 104_729 + result.index) * 1_299_709 + layer
-        gen = torch.Generator().manual_seed(seed)
+        gen = torch.Generator().manual_seed(seed % SEED_MODULUS)
         tokens = result.step.num_tokens
 
         def draw(*shape: int) -> torch.Tensor:

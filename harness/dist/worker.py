@@ -13,13 +13,10 @@ all of them, after the collective that told them, so none waits in the next.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
 import time
-import traceback
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,21 +24,19 @@ import torch
 import torch.distributed as dist
 
 from harness.dist.check import GroupChecker, RankVerdict, run_layers
-from harness.dist.coordination import CountReport, DPMetadataError, group_counts, pad_step
+from harness.dist.claims import claim_problems, fit_claim
+from harness.dist.coordination import CountReport, group_counts, pad_step
+from harness.dist.failures import SetupFailed, StepCheckFailed, UsageProblem, fail_rank
 from harness.dist.faults import Fault, corrupt, strike
-from harness.dist.progress import Heartbeat, Status, write_status, write_summary
+from harness.dist.group import die_with_parent, join_group, rank_device
+from harness.dist.progress import Heartbeat, write_summary
 from harness.dist.schedule import DistSetup, RankSchedule, rank_caches
 from harness.kv_pages import PoolLayout
 
-EXIT_FAILED, EXIT_USAGE = 1, 2
-
-
-class StepCheckFailed(RuntimeError):
-    """Rank 0 found a wrong output or a stray write; every rank raises it."""
-
-
-class UsageProblem(ValueError):
-    """The run cannot start as asked (backend, capability); every rank raises it."""
+SUMMARY_FIELDS = (
+    "steps", "seed", "dtype", "device", "graph",
+    "num_heads", "num_kv_heads", "head_dim", "page_size", "num_layers",
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,125 +54,75 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def dist_backend(choice: str, device: str, dp_size: int) -> str:
-    """NCCL where every rank has a GPU of its own, gloo otherwise."""
-    if choice != "auto":
-        return choice
-    cuda = device.startswith("cuda") and torch.cuda.is_available()
-    return "nccl" if cuda and torch.cuda.device_count() >= dp_size else "gloo"
+BackendFactory = Callable[[int], Any]
 
 
-def _rank_device(device: str, rank: int) -> str:
-    if device == "cuda" and torch.cuda.device_count() > 1:
-        return f"cuda:{rank % torch.cuda.device_count()}"
-    return device
+def backend_factory(entry: Any, setup: DistSetup) -> BackendFactory:
+    """Build ``entry`` for a given dp_rank of the setup's group."""
+    from harness.registry import DPBackendConfig, instantiate_backend
+
+    def make(rank: int) -> Any:
+        return instantiate_backend(
+            entry.cls,
+            num_heads=setup.num_heads,
+            num_kv_heads=setup.num_kv_heads,
+            head_dim=setup.head_dim,
+            scale=setup.scale,
+            dp_config=DPBackendConfig(setup.dp_size, rank),
+            name=entry.name,
+        )
+
+    return make
 
 
-def join_group(choice: str, device: str, rank: int, dp_size: int, timeout: float) -> None:
-    """``init_process_group`` from the launcher's file store, or torchrun's ``env://``."""
-    backend = dist_backend(choice, device, dp_size)
-    if backend == "nccl":  # object collectives run on the current device
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group(
-        backend,
-        init_method=os.environ.get("ATTN_HARNESS_DIST_INIT", "env://"),
-        rank=rank,
-        world_size=dp_size,
-        timeout=datetime.timedelta(seconds=timeout),
-    )
+def resolve_entry(spec: str) -> Any:
+    from harness.registry import default_registry
 
-
-def fail_rank(run_dir: Path | None, beat: Heartbeat, exc: BaseException) -> None:
-    """Report how this rank failed (status file and stderr), then leave at once."""
-    kind = _kind(exc, beat.phase)
-    text = f"{type(exc).__name__}: {exc}"
-    write_status(run_dir, Status(beat.rank, beat.step, beat.phase, kind, text))
-    print(f"rank {beat.rank}: {text}", file=sys.stderr, flush=True)
-    if kind in ("raised", "collective"):
-        traceback.print_exc(file=sys.stderr)
-    sys.stderr.flush()
-    sys.stdout.flush()
-    # no atexit, no destroy_process_group: either can wait on the ranks this one is leaving
-    os._exit(EXIT_USAGE if kind == "usage" else EXIT_FAILED)
-
-
-def fit_claim(setup: DistSetup, caps: Any) -> DistSetup:
-    """The run's page size and head dim moved inside the backend's claim, where it has one.
-
-    A backend that claims no page size 16 or head dim 32 is not wrong: the run
-    takes the claimed value nearest to them instead of refusing it.
-    """
-    changes = {}
-    for name, claim in (("page_size", caps.page_sizes), ("head_dim", caps.head_dims)):
-        wanted = getattr(setup, name)
-        if claim is not None and claim and wanted not in claim:
-            changes[name] = min(claim, key=lambda v: (abs(v - wanted), v))
-    return replace(setup, **changes) if changes else setup
+    try:
+        return default_registry().resolve(spec)
+    except (ValueError, ImportError, LookupError, SyntaxError) as exc:
+        raise UsageProblem(f"backend {spec!r}: {exc}") from exc
 
 
 class RankLoop:
     """The engine loop of one rank; rank 0 also checks the group."""
 
     def __init__(self, args: argparse.Namespace, rank: int, dp_size: int, beat: Heartbeat) -> None:
-        from harness.registry import DPBackendConfig, default_registry, instantiate_backend
-
         self.args, self.rank, self.beat = args, rank, beat
-        self.setup = DistSetup(
+        entry = resolve_entry(args.backend)
+        setup = DistSetup(
             dp_size=dp_size,
             steps=args.steps,
             seed=args.seed,
             dtype=args.dtype,
-            device=_rank_device(args.device, rank),
+            device=rank_device(args.device, rank),
             graph=args.graph,
         )
-        try:
-            entry = default_registry().resolve(args.backend)
-        except (ValueError, ImportError, LookupError) as exc:
-            raise UsageProblem(f"backend {args.backend!r}: {exc}") from exc
+        self.setup = s = fit_claim(setup, entry.capabilities)
+        problems = claim_problems(
+            entry,
+            dtype=s.torch_dtype,
+            device=s.device,
+            dp_sizes=[dp_size],
+            page_size=s.page_size,
+            head_dim=s.head_dim,
+            longest=s.longest,
+            padding=s.graph,
+        )
+        if problems:
+            raise UsageProblem(f"backend {entry.name!r} cannot run this: {'; '.join(problems)}")
         self.entry = entry
-        self.setup = fit_claim(self.setup, entry.capabilities)
-        self._check_claim(entry)
-        s = self.setup
-
-        def make(r: int) -> Any:
-            return instantiate_backend(
-                entry.cls,
-                num_heads=s.num_heads,
-                num_kv_heads=s.num_kv_heads,
-                head_dim=s.head_dim,
-                scale=s.scale,
-                dp_config=DPBackendConfig(dp_size, r),
-                name=entry.name,
-            )
-
         self.can_pad = bool(entry.capabilities.graph_mode)
         self.schedule = RankSchedule(s, rank)
         self.caches = rank_caches(s, rank, PoolLayout.PER_RANK)
-        self.backend = make(rank)
-        self.backend.bind_kv_caches(self.caches)
-        self.checker = GroupChecker(s, make, can_pad=self.can_pad) if rank == 0 else None
+        make = backend_factory(entry, s)
+        self.backend = _built(lambda: make(rank), rank, "building")
+        _built(lambda: self.backend.bind_kv_caches(self.caches), rank, "binding its pool to")
+        self.checker = None
+        if rank == 0:
+            shared = _shared_factory(make)
+            self.checker = GroupChecker(s, shared, can_pad=self.can_pad)
         self.steps: list[dict[str, Any]] = []
-
-    def _check_claim(self, entry: Any) -> None:
-        s, caps = self.setup, entry.capabilities
-        device = s.device.split(":")[0]
-        problems = []
-        if not entry.accepts_dp and s.dp_size > 1:
-            problems.append("its constructor takes neither dp_size/dp_rank nor **kwargs")
-        if s.torch_dtype not in caps.dtypes:
-            problems.append(f"it does not claim {s.dtype}")
-        if device not in caps.devices:
-            problems.append(f"it does not claim device {device!r}")
-        for name, value in (("page_sizes", s.page_size), ("head_dims", s.head_dim)):
-            claimed = getattr(caps, name)
-            if claimed is not None and value not in claimed:
-                problems.append(f"{name} {list(claimed)} leaves out {value}")
-        if caps.max_dp_size is not None and s.dp_size > caps.max_dp_size:
-            problems.append(f"it claims dp_size <= {caps.max_dp_size}")
-        if caps.max_seq_len is not None and s.longest > caps.max_seq_len:
-            problems.append(f"it claims contexts <= {caps.max_seq_len}, the run needs {s.longest}")
-        if problems:
-            raise UsageProblem(f"backend {entry.name!r} cannot run this: {'; '.join(problems)}")
 
     def run(self) -> None:
         started = time.perf_counter()
@@ -189,25 +134,10 @@ class RankLoop:
                 {
                     "backend": self.entry.name,
                     "dp_size": self.setup.dp_size,
-                    "setup": {
-                        k: getattr(self.setup, k)
-                        for k in (
-                            "steps",
-                            "seed",
-                            "dtype",
-                            "device",
-                            "graph",
-                            "num_heads",
-                            "num_kv_heads",
-                            "head_dim",
-                            "page_size",
-                            "num_layers",
-                        )
-                    },
-                    "padding": "on"
-                    if self.can_pad
-                    else "off (the backend claims no graph-mode padding)",
+                    "setup": {k: getattr(self.setup, k) for k in SUMMARY_FIELDS},
+                    "padding": "on" if self.can_pad else "off (the backend claims no padding)",
                     "seconds": time.perf_counter() - started,
+                    "checked_steps": sum(1 for s in self.steps if s["ranks"]),
                     "steps": self.steps,
                 },
             )
@@ -222,6 +152,8 @@ class RankLoop:
         dist.all_gather_object(reports, report)
         counts = group_counts(reports, s.dp_size, step + 1)
         padded = pad_step(counts, rank, graph=s.graph, can_pad=self.can_pad)
+        beat.beat(step, "forward")
+        strike(faults, rank, step + 1)  # before a skip, so a planted fault always fires
         if padded.skipped:
             if self.checker is not None:
                 for schedule in self.checker.schedules:
@@ -229,8 +161,6 @@ class RankLoop:
                 self.steps.append({"step": step, "counts": counts, "padded": 0, "ranks": []})
                 print(f"step {step + 1}/{s.steps}: no rank has tokens; skipped", flush=True)
             return
-        beat.beat(step, "forward")
-        strike(faults, rank, step + 1)
         rank_step = self.schedule.build(step, padded.padding)
         outputs: list[torch.Tensor] = []
         problem = None
@@ -244,21 +174,22 @@ class RankLoop:
         beat.beat(step, "gather")
         gathered: list[Any] | None = [None] * s.dp_size if rank == 0 else None
         dist.gather_object((outputs, problem), gathered, dst=0)
-        message: list[Any] = [None]
+        verdict: list[Any] = [None]
         if self.checker is not None:
             beat.beat(step, "check")
             assert gathered is not None
             verdicts = self.checker.check(step, counts, gathered)
-            message[0] = next((v.problem for v in verdicts if v.problem), None)
-            self._record(step, counts, padded.padded_tokens, verdicts)
+            verdict[0] = next(((v.problem, v.rank) for v in verdicts if v.problem), None)
+            self._record(step, counts, verdicts)
         beat.beat(step, "verdict")
-        dist.broadcast_object_list(message, src=0)
-        if message[0] is not None:
-            raise StepCheckFailed(message[0])
+        dist.broadcast_object_list(verdict, src=0)
+        if verdict[0] is not None:
+            message, culprit = verdict[0]
+            raise StepCheckFailed(message, culprit)
 
-    def _record(
-        self, step: int, counts: list[int], padded: int, verdicts: list[RankVerdict]
-    ) -> None:
+    def _record(self, step: int, counts: list[int], verdicts: list[RankVerdict]) -> None:
+        padded = max(pad_step(counts, r, graph=self.setup.graph, can_pad=self.can_pad).padded_tokens
+                     for r in range(len(counts)))  # fmt: skip
         self.steps.append(
             {
                 "step": step,
@@ -277,28 +208,39 @@ class RankLoop:
         )
         worst = [v.oracle_ratio for v in verdicts if v.oracle_ratio is not None]
         agree = [v.shared_ratio for v in verdicts if v.shared_ratio is not None]
+        shape = f"{padded} per rank" if self.can_pad else "unpadded"
         print(
-            f"step {step + 1}/{self.setup.steps}: tokens {counts} -> {padded} per rank; "
+            f"step {step + 1}/{self.setup.steps}: tokens {counts} -> {shape}; "
             f"oracle worst {max(worst, default=0):.3f}x bound, shared pool "
             f"{max(agree, default=0):.3f}x",
             flush=True,
         )
 
 
-def _kind(exc: BaseException, phase: str) -> str:
-    if isinstance(exc, DPMetadataError):
-        return "dp-metadata"
-    if isinstance(exc, StepCheckFailed):
-        return "check"
-    if isinstance(exc, UsageProblem):
-        return "usage"
-    if phase in ("exchange", "gather", "verdict", "barrier", "init"):
-        return "collective"
-    return "raised"
+def _built(action: Callable[[], Any], rank: int, doing: str) -> Any:
+    """Run a backend's constructor or bind; what it raises is the backend's failure."""
+    try:
+        return action()
+    except (UsageProblem, SetupFailed):
+        raise
+    except Exception as exc:
+        raise SetupFailed(
+            f"{doing} the backend for dp_rank {rank} raised {type(exc).__name__}: {exc}", rank
+        ) from exc
+
+
+def _shared_factory(make: BackendFactory) -> BackendFactory:
+    """Rank 0's shared-pool instances, each failure named by the dp_rank it was built for."""
+
+    def build(rank: int) -> Any:
+        return _built(lambda: make(rank), rank, "building (shared pool)")
+
+    return build
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    die_with_parent()
     rank = int(os.environ.get("RANK", "0"))
     dp_size = int(os.environ.get("WORLD_SIZE", "1"))
     if args.run_dir is not None:
@@ -321,20 +263,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _agreed_setup(args: argparse.Namespace, rank: int, dp_size: int, beat: Heartbeat) -> RankLoop:
-    """Build this rank's loop; if any rank cannot, every rank raises that rank's reason."""
-    loop, problem = None, None
+    """Build this rank's loop; if any rank cannot, every rank raises the first one's reason."""
+    loop: RankLoop | None = None
+    problem: tuple[str, str, int | None] | None = None
     try:
         loop = RankLoop(args, rank, dp_size, beat)
-    except UsageProblem as exc:
-        problem = f"rank {rank}: {exc}"
-    except Exception as exc:  # a constructor or bind that raised: named, then shared
-        problem = f"rank {rank}: setting up the backend raised {type(exc).__name__}: {exc}"
-    beat.beat(-1, "exchange")
+    except (UsageProblem, SetupFailed) as exc:
+        kind = "usage" if isinstance(exc, UsageProblem) else "setup"
+        problem = (kind, f"rank {rank}: {exc}", exc.culprit if exc.culprit is not None else rank)
+    except Exception as exc:
+        problem = ("setup", f"rank {rank}: setting up raised {type(exc).__name__}: {exc}", rank)
+    beat.beat(-1, "join")
     problems: list[Any] = [None] * dp_size
     dist.all_gather_object(problems, problem)
     first = next((p for p in problems if p), None)
     if first is not None:
-        raise UsageProblem(first)
+        kind, message, culprit = first
+        raise (UsageProblem if kind == "usage" else SetupFailed)(message, culprit)
     assert loop is not None
     return loop
 

@@ -1,0 +1,57 @@
+"""Whether a backend's claim covers a DP run, and fitting the run inside it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from harness.dist.schedule import DistSetup
+
+
+def fit_claim(setup: DistSetup, caps: Any) -> DistSetup:
+    """The run's page size and head dim moved inside the backend's claim, where it has one.
+
+    A backend that claims no page size 16 or head dim 32 is not wrong: the run
+    takes the claimed value nearest to them instead of refusing it.
+    """
+    changes = {}
+    for name, claim in (("page_size", caps.page_sizes), ("head_dim", caps.head_dims)):
+        wanted = getattr(setup, name)
+        if claim and wanted not in claim:
+            changes[name] = min(claim, key=lambda v: (abs(v - wanted), v))
+    return replace(setup, **changes) if changes else setup
+
+
+def claim_problems(
+    entry: Any,
+    *,
+    dtype: Any,
+    device: str,
+    dp_sizes: Sequence[int],
+    page_size: int,
+    head_dim: int,
+    longest: int,
+    padding: bool = False,
+) -> list[str]:
+    """What the run needs that ``entry`` does not claim (empty: it can run)."""
+    caps = entry.capabilities
+    kind = device.split(":")[0]
+    problems = []
+    if not entry.accepts_dp and max(dp_sizes) > 1:
+        problems.append("its constructor takes neither dp_size/dp_rank nor **kwargs")
+    if dtype not in caps.dtypes:
+        problems.append(f"it does not claim {str(dtype).removeprefix('torch.')}")
+    if kind not in caps.devices:
+        problems.append(f"it does not claim device {kind!r}")
+    for name, value in (("page_sizes", page_size), ("head_dims", head_dim)):
+        claimed = getattr(caps, name)
+        if claimed is not None and value not in claimed:
+            problems.append(f"{name} {list(claimed)} leaves out {value}")
+    if caps.max_dp_size is not None and max(dp_sizes) > caps.max_dp_size:
+        problems.append(f"it claims dp_size <= {caps.max_dp_size}, the run needs {max(dp_sizes)}")
+    if caps.max_seq_len is not None and longest > caps.max_seq_len:
+        problems.append(f"it claims contexts <= {caps.max_seq_len}, the run needs {longest}")
+    if padding and not caps.graph_mode:
+        problems.append("--graph pads every step, and it claims no graph-mode padding")
+    return problems

@@ -1,0 +1,81 @@
+"""Joining the DP group: the torch.distributed backend, the device, dying with the parent."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import signal
+import sys
+
+import torch
+import torch.distributed as dist
+
+PARENT_ENV = "ATTN_HARNESS_DIST_PARENT"
+"""Set by the launcher to its pid: a rank whose launcher is gone ends itself."""
+INIT_ENV = "ATTN_HARNESS_DIST_INIT"
+"""The launcher's rendezvous (a file store); torchrun's ``env://`` when unset."""
+
+
+def dist_backend(choice: str, device: str, dp_size: int) -> str:
+    """NCCL where every rank has a GPU of its own, gloo otherwise."""
+    if choice != "auto":
+        return choice
+    return "nccl" if device == "cuda" and _gpus() >= dp_size else "gloo"
+
+
+def _gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def group_problem(choice: str, device: str, dp_size: int) -> str | None:
+    """Why the group cannot be formed as asked (checked before any rank starts), or None."""
+    if device.startswith("cuda") and _gpus() == 0:
+        return f"--device {device}: no CUDA device is visible"
+    if dist_backend(choice, device, dp_size) == "nccl":
+        if device != "cuda":
+            return f"NCCL needs --device cuda (one GPU per rank), not {device!r}"
+        if _gpus() < dp_size:
+            return f"NCCL needs a GPU per rank: {_gpus()} visible for dp_size {dp_size}"
+    return None
+
+
+def rank_device(device: str, rank: int) -> str:
+    """``cuda`` spreads ranks over the visible GPUs; ``cuda:N`` or ``cpu`` is taken as given."""
+    if device == "cuda" and _gpus() > 1:
+        return f"cuda:{rank % _gpus()}"
+    return device
+
+
+def join_group(choice: str, device: str, rank: int, dp_size: int, timeout: float) -> None:
+    """``init_process_group`` from the launcher's file store, or torchrun's ``env://``."""
+    backend = dist_backend(choice, device, dp_size)
+    if backend == "nccl":  # object collectives run on the current device
+        torch.cuda.set_device(rank % _gpus())
+    dist.init_process_group(
+        backend,
+        init_method=os.environ.get(INIT_ENV, "env://"),
+        rank=rank,
+        world_size=dp_size,
+        timeout=datetime.timedelta(seconds=timeout),
+    )
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this rank when its launcher dies, so none outlives it.
+
+    The launcher kills its ranks itself on every way out it can see; this
+    covers the one it cannot: being killed with SIGKILL. Under torchrun (no
+    launcher pid in the environment) nothing changes.
+    """
+    parent = os.environ.get(PARENT_ENV)
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != int(parent):  # the launcher died before the request took hold
+        os._exit(1)
