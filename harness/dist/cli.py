@@ -235,7 +235,7 @@ def _bench_problem(args: argparse.Namespace, load: Any) -> str | None:
         entry = resolve_entry(args.backend)
     except UsageProblem as exc:
         return str(exc)
-    spec = load.global_spec(1)
+    spec = load.spec(1)
     problems = claim_problems(
         entry,
         dtype=spec.torch_dtype,

@@ -25,7 +25,7 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(temporary, path)
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -65,7 +65,7 @@ class Heartbeat:
 
 
 def read_beat(run_dir: Path, rank: int) -> Beat | None:
-    data = _read_json(run_dir / f"rank{rank}.beat.json")
+    data = read_json(run_dir / f"rank{rank}.beat.json")
     if data is None:
         return None
     return Beat(int(data["rank"]), int(data["step"]), str(data["phase"]), int(data["pid"]))
@@ -98,7 +98,7 @@ def write_status(run_dir: Path | None, status: Status) -> None:
 
 
 def read_status(run_dir: Path, rank: int) -> Status | None:
-    data = _read_json(run_dir / f"rank{rank}.status.json")
+    data = read_json(run_dir / f"rank{rank}.status.json")
     if data is None:
         return None
     fields = {k: data[k] for k in ("rank", "step", "phase", "kind", "error")}
@@ -111,4 +111,4 @@ def write_summary(run_dir: Path | None, summary: dict[str, Any]) -> None:
 
 
 def read_summary(run_dir: Path) -> dict[str, Any] | None:
-    return _read_json(run_dir / "summary.json")
+    return read_json(run_dir / "summary.json")

@@ -50,11 +50,11 @@ class ScalingLoad:
         base, extra = divmod(self.sequences, dp_size)
         return base + (rank < extra)
 
-    def spec(self, dp_size: int, rank: int = 0) -> Any:
-        """A ``CaseSpec`` of ``rank``'s share (``rank=None``-like global: see ``global_spec``)."""
+    def spec(self, dp_size: int, rank: int | None = None) -> Any:
+        """A ``CaseSpec`` of ``rank``'s share, or of the whole group's work (``rank=None``)."""
         from harness.workloads import CaseSpec
 
-        count = self.share(dp_size, rank)
+        count = self.sequences if rank is None else self.share(dp_size, rank)
         return CaseSpec(
             f"dp={dp_size}",
             (self.context,) * count,
@@ -65,24 +65,7 @@ class ScalingLoad:
             page_size=self.page_size,
             dtype=self.dtype,
             dp_size=dp_size,
-            dp_rank=rank,
-            layout="per_rank",
-        )
-
-    def global_spec(self, dp_size: int) -> Any:
-        """The whole group's work (every sequence), for tokens, FLOPs and bytes."""
-        from harness.workloads import CaseSpec
-
-        return CaseSpec(
-            f"dp={dp_size}",
-            (self.context,) * self.sequences,
-            (1,) * self.sequences,
-            num_heads=self.num_heads,
-            num_kv_heads=self.num_kv_heads,
-            head_dim=self.head_dim,
-            page_size=self.page_size,
-            dtype=self.dtype,
-            dp_size=dp_size,
+            dp_rank=rank or 0,
             layout="per_rank",
         )
 
@@ -202,14 +185,15 @@ def sweep(
     from harness.bench import case_metrics
     from harness.ceilings import run_ceilings
     from harness.dist.launcher import launch
+    from harness.dist.progress import read_json
     from harness.environment import fingerprint
     from harness.results import CaseRecord, RunRecord, TimingRecord
 
-    ceilings = run_ceilings(device, dtypes=(load.global_spec(1).torch_dtype,), measure_probe=False)
+    ceilings = run_ceilings(device, dtypes=(load.spec(1).torch_dtype,), measure_probe=False)
     cases = []
     threads_seen = []
     for dp_size in dp_sizes:
-        spec = load.global_spec(dp_size)
+        spec = load.spec(dp_size)
         with tempfile.TemporaryDirectory(prefix="attn-harness-scaling-") as folder:
             run_dir = Path(folder)
             outcome = launch(
@@ -220,7 +204,7 @@ def sweep(
                 echo_rank0=False,
                 module="harness.dist.scaling",
             )
-            measured = _read(run_dir / "bench.json")
+            measured = read_json(run_dir / "bench.json")
         base = dict(
             id=f"{WORKLOAD}@{VERSION}/dp={dp_size}/{backend}",
             role="backend",
@@ -321,14 +305,6 @@ def sweep(
         ],
         cases=cases,
     )
-
-
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 if __name__ == "__main__":
