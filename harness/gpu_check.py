@@ -372,6 +372,7 @@ def run_bench_step(
             print(f"    {case.backend:24} {case.status:20} {shown}", flush=True)
         parts[(w, c)] = part.cases
         record.cases = [case for key in sorted(parts) for case in parts[key]]
+        record.partial = done + 1 < len(plan)  # valid at every save; partial until the last
         record.workloads = [
             {
                 "name": wl.name,

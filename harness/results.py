@@ -197,6 +197,7 @@ class RunRecord:
     workloads: list[dict[str, Any]]
     cases: list[CaseRecord]
     source: dict[str, Any] | None = None
+    partial: bool = False  # the run stopped (or has not yet reached) its last case
 
     def case(self, case_id: str) -> CaseRecord:
         for record in self.cases:
@@ -218,6 +219,8 @@ class RunRecord:
         }
         if self.source is not None:
             data["source"] = self.source
+        if self.partial:  # only when true: a finished run's file is unchanged
+            data["partial"] = True
         return data
 
     @classmethod
@@ -231,6 +234,7 @@ class RunRecord:
             workloads=list(data["workloads"]),
             cases=[CaseRecord.from_json(c) for c in data["cases"]],
             source=data.get("source"),
+            partial=bool(data.get("partial", False)),
         )
 
 

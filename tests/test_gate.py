@@ -208,6 +208,13 @@ def test_a_baseline_needs_three_runs_of_one_class(run: RunRecord) -> None:
         make_baseline([run, run, other])
 
 
+def test_a_baseline_refuses_a_partial_run(run: RunRecord) -> None:
+    cut = copy.deepcopy(run)
+    cut.partial = True
+    with pytest.raises(BaselineError, match=r"run\(s\) \[2\] are marked partial"):
+        make_baseline([run, cut, run])
+
+
 def test_a_baseline_round_trips_and_a_results_file_reads_as_one(
     run: RunRecord, tmp_path: Path
 ) -> None:

@@ -194,6 +194,30 @@ def test_bench_step_saves_after_every_case_in_workload_order(tmp_path, capsys):
         assert case.metrics["bandwidth_fraction"] == pytest.approx(expected)
     backends = [c for c in saved.cases if c.role == "backend"]
     assert all(c.metrics["ratio_to_peer"] is not None for c in backends)
+    assert not saved.partial  # every planned case ran
+
+
+def test_a_bench_step_interrupted_mid_run_keeps_a_valid_file_marked_partial(tmp_path, monkeypatch):
+    import harness.bench
+
+    path = tmp_path / "bench.json"
+    entry = BackendEntry("sdpa", SdpaBackend, "test")
+    real = harness.bench.run_benchmarks
+    calls = []
+
+    def interrupted_second_case(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # SIGINT arrives during the second case
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(harness.bench, "run_benchmarks", interrupted_second_case)
+    with pytest.raises(KeyboardInterrupt):
+        gpu_check.run_bench_step(path, [entry], WORKLOADS, FAST, deadline_s=600)
+    saved = load_results(path)  # strict load: a valid file
+    assert saved.partial
+    assert [c.case for c in saved.cases] == ["decode a", "decode a"]  # the peer and sdpa
+    assert all(c.status == "PASSED" for c in saved.cases)
 
 
 def test_bench_step_starts_no_case_past_its_deadline(tmp_path, capsys):

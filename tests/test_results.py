@@ -287,3 +287,14 @@ def test_check_writable(tmp_path):
 def test_unknown_status_is_refused_in_memory():
     with pytest.raises(ValueError, match="status"):
         case(status="MAYBE")
+
+
+def test_a_partial_run_says_so_and_a_finished_one_is_unchanged(tmp_path):
+    finished = run(case())
+    assert "partial" not in json.loads(dumps(finished))  # older readers see the same file
+    cut = run(case())
+    cut.partial = True
+    path = save_results(cut, tmp_path / "cut.json")
+    assert json.loads(path.read_text())["partial"] is True
+    assert load_results(path).partial
+    assert not load_results(save_results(finished, tmp_path / "done.json")).partial

@@ -56,6 +56,12 @@ def make_baseline(
             f"a baseline pools at least {min_runs} runs (got {len(runs)}): one run cannot "
             "show how much a case moves between processes"
         )
+    partial = [i + 1 for i, r in enumerate(runs) if r.partial]
+    if partial:
+        raise BaselineError(
+            f"run(s) {partial} are marked partial (cut short before their last case): "
+            "a baseline pools finished runs only"
+        )
     classes = sorted({device_class(r.environment) for r in runs})
     if len(classes) > 1:
         raise BaselineError(f"runs of different device classes cannot be pooled: {classes}")

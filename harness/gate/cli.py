@@ -175,6 +175,9 @@ def cmd_gate(args: argparse.Namespace) -> int:
     runs = [b.record for b in inputs.bench]
     if not runs:
         return _error("gate", "no benchmark results among the inputs (only conformance reports)")
+    for bench in inputs.bench:
+        if bench.record.partial:  # its missing cases are listed as MISSING below
+            print(f"attn-harness gate: note: {bench.path} is a partial run (cut short)")
     classes = sorted({device_class(r.environment) for r in runs})
     baseline_path = Path(args.baseline)
     if baseline_path.is_dir():

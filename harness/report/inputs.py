@@ -316,7 +316,8 @@ def _base_label(record: RunRecord) -> str:
     if git.get("dirty"):
         sha += "-dirty"
     date = record.created[:10] or "undated"
-    return f"{device} {date} {sha}"
+    partial = " (partial)" if record.partial else ""  # cut short: fewer cases than planned
+    return f"{device} {date} {sha}{partial}"
 
 
 def _labels(runs: list[tuple[Path, RunRecord]]) -> list[str]:
