@@ -12,7 +12,8 @@ code under the deadline; Python reports it as "unraisable" (pytest turns
 that into a ``PytestUnraisableExceptionWarning``) and carries on. So the
 handler looks at the interrupted stack first: inside such a callback it
 does not raise, but re-arms the timer to fire again a moment later, after
-the callback has returned, and raises there.
+the callback has returned, and raises there. The same holds inside a
+``shielded()`` section (a CUDA graph capture), which must finish whole.
 """
 
 from __future__ import annotations
@@ -69,13 +70,34 @@ def in_unraisable_context(frame: FrameType | None) -> bool:
     return False
 
 
+_shield_depth = 0
+
+
+@contextlib.contextmanager
+def shielded() -> Iterator[None]:
+    """A section a deadline must not interrupt: it fires just after the section instead.
+
+    For work that must not be left half done, above all a CUDA graph capture:
+    an exception raised inside ``torch.cuda.graph`` (or in its exit) leaves the
+    stream in capture mode and the device unusable for every later case. The
+    section still counts against the deadline, and the step's own time limit
+    still bounds it.
+    """
+    global _shield_depth
+    _shield_depth += 1
+    try:
+        yield
+    finally:
+        _shield_depth -= 1
+
+
 def _expire_handler(
     seconds: float, active: Callable[[], bool]
 ) -> Callable[[int, FrameType | None], None]:
     def expire(signum: int, frame: FrameType | None) -> None:
         if not active():  # a late alarm after the block ended: nothing to interrupt
             return
-        if in_unraisable_context(frame):
+        if _shield_depth or in_unraisable_context(frame):
             # raising here would be lost (and reported as unraisable): try again just
             # after the callback returns, at a point where the exception propagates
             signal.setitimer(signal.ITIMER_REAL, RETRY_S, REFIRE_S)

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 import torch
 
+from harness.deadlines import shielded
 from harness.statistics import DEFAULT_CONFIDENCE, Summary
 
 MIN_SAMPLES = 5  # the results schema keeps at least five raw samples per case
@@ -238,9 +239,10 @@ def capture_cuda_graph(fn: Callable[[], object], device: str) -> Callable[[], No
             fn()
     torch.cuda.current_stream(dev).wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    torch.cuda.synchronize(dev)
+    with shielded():  # a case deadline firing mid-capture would leave the stream capturing
+        with torch.cuda.graph(graph):
+            fn()
+        torch.cuda.synchronize(dev)
     return graph.replay
 
 

@@ -369,6 +369,30 @@ def test_deadline_fires_again_when_an_alarm_is_swallowed():
         _swallow_first_alarm(0.05)
 
 
+def test_a_shielded_section_finishes_and_the_deadline_fires_just_after_it():
+    """A CUDA graph capture must not be cut in half: the deadline waits for the shield."""
+    import time
+
+    from harness.deadlines import shielded
+
+    done = []
+    started = time.monotonic()
+
+    def capture_past_the_deadline() -> None:
+        with bench.deadline(0.05):
+            with shielded():
+                end = time.monotonic() + 0.3  # past the deadline, in bytecode and in sleep
+                while time.monotonic() < end:
+                    time.sleep(0.01)
+                done.append(time.monotonic() - started)
+            time.sleep(5)
+
+    with pytest.raises(bench.CaseTimeout):
+        capture_past_the_deadline()
+    assert done  # the section ran to its end
+    assert time.monotonic() - started < 1.0  # and the deadline fired right after it
+
+
 def test_deadline_does_not_raise_inside_a_gc_callback(monkeypatch):
     """An alarm landing in a gc callback is raised after it, not lost as 'unraisable'."""
     import gc
