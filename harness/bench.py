@@ -51,6 +51,7 @@ from harness.peer import PEER_CLASS, PEER_NAME, ContiguousPeer
 from harness.registry import BackendEntry, class_label
 from harness.results import FAILING_STATUSES, CaseRecord, RunRecord, TimingRecord
 from harness.scenario import StepInputs, backend_for, check_outputs, make_step_inputs
+from harness.sdpa_pin import first_kernel_that_runs, says_no_kernel
 from harness.statistics import bootstrap_ratio_ci
 from harness.timing import (
     CacheFlusher,
@@ -341,6 +342,11 @@ class BenchConfig:
     prepare_timing: TimingConfig = PREPARE_TIMING
     case_timeout_s: float | None = 600.0
     probe_ceilings: bool = True
+    pin_sdpa: bool | None = None  # pin the peer's and sdpa's SDPA kernel; None: on CUDA only
+
+    @property
+    def pins_sdpa(self) -> bool:
+        return device_type(self.device) == "cuda" if self.pin_sdpa is None else self.pin_sdpa
 
     @property
     def workload_size(self) -> str:
@@ -350,6 +356,9 @@ class BenchConfig:
 
 
 ProgressFn = Callable[[int, int, str], None]
+Attempt = tuple[Verdict, dict[str, TimingRecord]]
+SDPA_BACKEND_CLASSES = frozenset({"reference_backends.sdpa.SdpaBackend"})
+"""Backends timed under a pinned SDPA kernel, like the peer: the ones that call SDPA."""
 
 
 class _Runner:
@@ -407,7 +416,15 @@ class _Runner:
         record.metrics, flags = case_metrics(case.spec, record.forward, self.ceilings, peer_forward)
         record.flags.extend(flags)
 
-    def run_peer(self, case: PreparedCase) -> CaseRecord:
+    def _pinned(
+        self, attempt: Callable[[], Attempt], uses_sdpa: bool
+    ) -> tuple[str | None, Attempt]:
+        """Check and time under one pinned SDPA kernel where that applies (see ``sdpa_pin``)."""
+        if not (uses_sdpa and self.config.pins_sdpa):
+            return None, attempt()
+        return first_kernel_that_runs(attempt, lambda got: says_no_kernel(got[0].error))
+
+    def _peer_attempt(self, case: PreparedCase) -> Attempt:
         timings: dict[str, TimingRecord] = {}
         try:
             with deadline(self.config.case_timeout_s):
@@ -419,6 +436,10 @@ class _Runner:
             verdict, timings = Verdict("TIMEOUT", f"peer: {describe(exc)}"), {}
         except Exception as exc:  # the harness's own peer failed: say so, keep going
             verdict, timings = Verdict("RUNTIME_ERROR", f"peer: {describe(exc)}"), {}
+        return verdict, timings
+
+    def run_peer(self, case: PreparedCase) -> CaseRecord:
+        kernel, (verdict, timings) = self._pinned(lambda: self._peer_attempt(case), True)
         record = self._record(
             case,
             PEER_NAME,
@@ -426,6 +447,7 @@ class _Runner:
             backend_class=PEER_CLASS,
             error=verdict.error,
             oracle=verdict.oracle,
+            sdpa_kernel=kernel,
             **timings,
         )
         self._finish(record, case, None)
@@ -434,6 +456,24 @@ class _Runner:
 
     def run_backend(self, entry: BackendEntry, case: PreparedCase, peer: CaseRecord) -> None:
         backend_class = class_label(entry.cls)
+        kernel, (verdict, timings) = self._pinned(
+            lambda: self._backend_attempt(entry, case), backend_class in SDPA_BACKEND_CLASSES
+        )
+        record = self._record(
+            case,
+            entry.name,
+            verdict.status,
+            backend_class=backend_class,
+            error=verdict.error,
+            oracle=verdict.oracle,
+            peer=peer.id,
+            sdpa_kernel=kernel,
+            **timings,
+        )
+        self._finish(record, case, peer)
+        self._tick(f"{case.prefix} {entry.name}")
+
+    def _backend_attempt(self, entry: BackendEntry, case: PreparedCase) -> Attempt:
         timings: dict[str, TimingRecord] = {}
         try:
             with deadline(self.config.case_timeout_s):
@@ -446,18 +486,7 @@ class _Runner:
             verdict, timings = Verdict("TIMEOUT", describe(exc)), {}
         except Exception as exc:  # raised while timing: its samples are not a result
             verdict, timings = Verdict(classify(exc), f"during timing: {describe(exc)}"), {}
-        record = self._record(
-            case,
-            entry.name,
-            verdict.status,
-            backend_class=backend_class,
-            error=verdict.error,
-            oracle=verdict.oracle,
-            peer=peer.id,
-            **timings,
-        )
-        self._finish(record, case, peer)
-        self._tick(f"{case.prefix} {entry.name}")
+        return verdict, timings
 
     def run_case(
         self, workload: Workload, spec: CaseSpec, backends: Sequence[BackendEntry]

@@ -18,13 +18,16 @@ hung or slow step cannot eat the lease. Steps, in order:
    of the time left to conformance (time one leaves unused passes on), the
    production-shape tests first, since they are what a GPU run is for. At
    its limit a run gets SIGINT, so pytest still writes the JUnit report of
-   what ran;
+   what ran. Where SDPA may pick cuDNN attention, ``sdpa`` runs once more
+   with it off (``conformance-sdpa-no-cudnn``, kill profile), so a failure
+   only cuDNN shows is told apart;
 3. the graph-mode check (``harness.graph_check``): no host synchronisation
    in ``forward``, and a CUDA-graph replay that matches eager and the oracle;
 4. benchmarks: the GPU sizes of ``targets`` (the optimized backends' speed
    targets), ``decode-sweep`` and ``prefill-sweep`` (no prefill sweep with
    ``--quick``), every backend beside the contiguous SDPA
-   peer, each case checked against the oracle first. Cases of the two
+   peer, each case checked against the oracle first, the peer's and
+   ``sdpa``'s SDPA kernel pinned and recorded per case. Cases of the two
    workloads alternate and the results file is rewritten after each one,
    so a step cut short keeps every case it finished. The bench measures the
    device ceilings (copy bandwidth, bf16 matmul) first and stores them.
@@ -245,8 +248,13 @@ def file_label(backend: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", backend).strip("_") or "backend"
 
 
-def conformance_command(out: Path, backend: str, profile: str) -> list[str]:
-    """One backend's conformance run, its JUnit report ``conformance-NAME.xml`` in ``out``."""
+def conformance_command(
+    out: Path, backend: str, profile: str, *, label: str | None = None, cudnn_off: bool = False
+) -> list[str]:
+    """One backend's conformance run, its JUnit report ``conformance-LABEL.xml`` in ``out``.
+
+    ``cudnn_off`` loads ``harness.sdpa_cudnn_off``: SDPA without cuDNN attention.
+    """
     command = [
         sys.executable,
         "-m",
@@ -264,10 +272,12 @@ def conformance_command(out: Path, backend: str, profile: str) -> list[str]:
         profile,
         "--example-time-limit",
         "60",
-        f"--junitxml={out / f'conformance-{file_label(backend)}.xml'}",
+        f"--junitxml={out / f'conformance-{file_label(label or backend)}.xml'}",
         "--backend",
         backend,
     ]
+    if cudnn_off:
+        command += ["-p", "harness.sdpa_cudnn_off"]
     if _shrink_limit_supported():  # a failure's shrinking must not eat the step
         command += ["--shrink-time-limit", "20"]
     return command
@@ -369,7 +379,8 @@ def run_bench_step(
             shown = case.error or (
                 f"{case.forward.summary().median / 1e3:.1f} us" if case.forward else ""
             )
-            print(f"    {case.backend:24} {case.status:20} {shown}", flush=True)
+            kernel = f" [SDPA {case.sdpa_kernel}]" if case.sdpa_kernel else ""
+            print(f"    {case.backend:24} {case.status:20} {shown}{kernel}", flush=True)
         parts[(w, c)] = part.cases
         record.cases = [case for key in sorted(parts) for case in parts[key]]
         record.partial = done + 1 < len(plan)  # valid at every save; partial until the last
@@ -528,6 +539,40 @@ def archive(out: Path, target: Path) -> Path:
 # -- the run -----------------------------------------------------------------------
 
 
+CUDNN_OFF_LABEL = "sdpa-no-cudnn"
+
+
+@dataclass(frozen=True)
+class ConformanceRun:
+    label: str  # the summary's name for it and its files' (conformance-LABEL.xml/.log)
+    backend: str
+    profile: str
+    cudnn_off: bool = False
+
+    def command(self, out: Path) -> list[str]:
+        return conformance_command(
+            out, self.backend, self.profile, label=self.label, cudnn_off=self.cudnn_off
+        )
+
+
+def conformance_runs(backends: Sequence[str], profile: str, cudnn_on: bool) -> list[ConformanceRun]:
+    """One run per backend; then, where torch may pick cuDNN attention, ``sdpa`` again
+    without it (kill profile), so a cuDNN-only failure is told apart from sdpa's own."""
+    runs = [ConformanceRun(b, b, profile) for b in backends]
+    if cudnn_on and "sdpa" in backends:
+        runs.append(ConformanceRun(CUDNN_OFF_LABEL, "sdpa", "kill", cudnn_off=True))
+    return runs
+
+
+def cudnn_attention_on() -> bool:
+    """Whether SDPA may pick cuDNN attention here (a CUDA device, cuDNN, the flag on)."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.backends.cudnn.is_available():
+        return False
+    return bool(getattr(torch.backends.cuda, "cudnn_sdp_enabled", lambda: False)())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("out", type=Path, help="directory for logs and results")
@@ -570,12 +615,11 @@ def main(argv: list[str] | None = None) -> int:
 
     conformance: list[tuple[str, StepResult]] = []
     conformance_end = time.monotonic() + limits.conformance
-    for index, backend in enumerate(backends):
-        share = (conformance_end - time.monotonic()) / (len(backends) - index)
-        name = f"conformance-{file_label(backend)}"
-        conformance.append(
-            (backend, step(name, share, lambda _, b=backend: conformance_command(out, b, profile)))
-        )
+    runs = conformance_runs(backends, profile, cudnn_attention_on())
+    for index, run in enumerate(runs):
+        share = (conformance_end - time.monotonic()) / (len(runs) - index)
+        name = f"conformance-{file_label(run.label)}"
+        conformance.append((run.label, step(name, share, lambda _, r=run: r.command(out))))
     graph = step(
         "graph-check",
         limits.graph,

@@ -129,6 +129,7 @@ class CaseRecord:
     metrics: dict[str, Any] | None = None
     flags: list[str] = field(default_factory=list)
     source: dict[str, Any] | None = None
+    sdpa_kernel: str | None = None  # the SDPA kernel pinned for its check and timing
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -160,6 +161,8 @@ class CaseRecord:
         }
         if self.source is not None:
             data["source"] = self.source
+        if self.sdpa_kernel is not None:  # only where pinned: other files are unchanged
+            data["sdpa_kernel"] = self.sdpa_kernel
         return data
 
     @classmethod
@@ -182,6 +185,7 @@ class CaseRecord:
             metrics=data["metrics"],
             flags=list(data["flags"]),
             source=data.get("source"),
+            sdpa_kernel=data.get("sdpa_kernel"),
         )
 
 

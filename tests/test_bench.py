@@ -96,6 +96,44 @@ def test_builtins_pass_every_tiny_case_with_peer_metrics_and_raw_samples():
     assert record.environment["threads"] == record.timing["threads"]
 
 
+def test_pinned_sdpa_kernel_is_used_for_check_and_timing_and_recorded(monkeypatch):
+    """On CUDA the peer's and sdpa's SDPA kernel is pinned (forced here on the CPU)."""
+    import harness.sdpa_pin as sdpa_pin
+
+    # the CPU has no memory-efficient kernel: the first choice cannot run, the next is taken
+    monkeypatch.setattr(sdpa_pin, "PIN_ORDER", ("EFFICIENT_ATTENTION", "MATH"))
+    monkeypatch.setattr(
+        bench, "first_kernel_that_runs",
+        lambda attempt, no_kernel: sdpa_pin.first_kernel_that_runs(
+            attempt, no_kernel, sdpa_pin.PIN_ORDER
+        ),
+    )  # fmt: skip
+    config = BenchConfig(timing=FAST, prepare_timing=FAST, probe_ceilings=False, pin_sdpa=True)
+    record = run_benchmarks(
+        [entry(SdpaBackend, "sdpa"), entry(ReferenceBackend, "ref")], [ONE], config
+    )
+    kernels = {c.backend: c.sdpa_kernel for c in record.cases}
+    assert kernels == {PEER_NAME: "MATH", "sdpa": "MATH", "ref": None}
+    assert {c.status for c in record.cases} == {"PASSED"}
+    default = run_benchmarks([entry(SdpaBackend, "sdpa")], [ONE], CONFIG)
+    assert "sdpa_kernel" not in default.cases[0].to_json()  # no pin on the CPU by default
+
+
+def test_a_kernel_that_cannot_run_is_skipped_and_any_other_outcome_kept():
+    from harness.sdpa_pin import first_kernel_that_runs
+
+    tried = []
+
+    def attempt():
+        tried.append(len(tried))
+        return "No available kernel" if len(tried) == 1 else f"ran on try {len(tried)}"
+
+    name, result = first_kernel_that_runs(attempt, lambda r: r.startswith("No available"))
+    assert (name, result) == ("EFFICIENT_ATTENTION", "ran on try 2")
+    with pytest.raises(ValueError, match="no SDPA kernel"):
+        first_kernel_that_runs(attempt, lambda r: False, ())
+
+
 def test_peer_uses_one_sdpa_call_per_shape_and_a_bottom_right_mask():
     case = prepare_case(TINY, TINY_CASES[3], "cpu")  # mixed: five different (q, L)
     peer = ContiguousPeer(case.inputs)

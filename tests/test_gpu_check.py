@@ -158,6 +158,36 @@ def test_conformance_runs_production_shapes_first_one_backend_per_run(tmp_path):
     assert command[command.index("--conformance-device") + 1] == "cuda"
 
 
+def test_sdpa_runs_once_more_without_cudnn_attention_where_torch_may_pick_it(tmp_path):
+    runs = gpu_check.conformance_runs(["triton", "sdpa"], "ci", cudnn_on=True)
+    assert [(r.label, r.backend, r.profile, r.cudnn_off) for r in runs] == [
+        ("triton", "triton", "ci", False),
+        ("sdpa", "sdpa", "ci", False),
+        ("sdpa-no-cudnn", "sdpa", "kill", True),
+    ]
+    assert len(gpu_check.conformance_runs(["triton", "sdpa"], "ci", cudnn_on=False)) == 2
+    assert len(gpu_check.conformance_runs(["triton"], "ci", cudnn_on=True)) == 1
+    command = runs[-1].command(tmp_path)
+    assert command[command.index("--backend") + 1] == "sdpa"
+    assert f"--junitxml={tmp_path / 'conformance-sdpa-no-cudnn.xml'}" in command
+    plugin = ["-p", "harness.sdpa_cudnn_off"]
+    assert any(command[i : i + 2] == plugin for i in range(len(command)))
+    plain = runs[1].command(tmp_path)
+    assert not any(plain[i : i + 2] == plugin for i in range(len(plain)))
+
+
+def test_the_cudnn_off_plugin_turns_cudnn_attention_off():
+    import harness.sdpa_cudnn_off as plugin
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        plugin.pytest_configure(None)
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+
+
 def test_conformance_counts_survive_a_broken_report(tmp_path):
     report = tmp_path / "conformance-x.xml"
     report.write_text("<testsuites><testsuite")
