@@ -249,7 +249,13 @@ def file_label(backend: str) -> str:
 
 
 def conformance_command(
-    out: Path, backend: str, profile: str, *, label: str | None = None, cudnn_off: bool = False
+    out: Path,
+    backend: str,
+    profile: str,
+    *,
+    label: str | None = None,
+    cudnn_off: bool = False,
+    device: str = "cuda",
 ) -> list[str]:
     """One backend's conformance run, its JUnit report ``conformance-LABEL.xml`` in ``out``.
 
@@ -267,7 +273,7 @@ def conformance_command(
         "-p",
         "no:cacheprovider",
         "--conformance-device",
-        "cuda",
+        device,
         "--conformance-profile",
         profile,
         "--example-time-limit",
@@ -442,13 +448,19 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
 
 
 def bench_command(
-    out: Path, backends: Sequence[str], workloads: Sequence[str], limit: float
+    out: Path,
+    backends: Sequence[str],
+    workloads: Sequence[str],
+    limit: float,
+    device: str = "cuda",
 ) -> list[str]:
     command = [
         sys.executable,
         "-c",
         "import sys; from harness.gpu_check import bench_main; sys.exit(bench_main(sys.argv[1:]))",
-        str(out / "bench-cuda.json"),
+        str(out / f"bench-{device}.json"),
+        "--device",
+        device,
         "--deadline",
         f"{max(limit - BENCH_LAST_START_S, 1.0):.0f}",
     ]
@@ -498,10 +510,11 @@ def summary(
     conformance: Sequence[tuple[str, StepResult]],
     steps: Sequence[StepResult],
     profile: str,
+    device: str = "cuda",
 ) -> str:
     """The report printed last, read back from the files in ``out``."""
     graph, bench = steps
-    lines = [env_text, *skipped, "", f"conformance ({profile} profile, cuda):"]
+    lines = [env_text, *skipped, "", f"conformance ({profile} profile, {device}):"]
     for backend, step in conformance:
         lines.append(f"  {backend}: {_step_line(step)}")
         report = out / f"conformance-{file_label(backend)}.xml"
@@ -512,9 +525,10 @@ def summary(
             )
     if not conformance:
         lines.append("  not run (no backend to check)")
-    lines += ["", f"graph-mode check (cuda): {_step_line(graph)}"]
+    lines += ["", f"graph-mode check ({device}): {_step_line(graph)}"]
     lines += _graph_lines(out / "graph-check.json")
-    lines += ["", f"bench (cuda): {_step_line(bench)}", _bench_text(out / "bench-cuda.json")]
+    bench_file = out / f"bench-{device}.json"
+    lines += ["", f"bench ({device}): {_step_line(bench)}", _bench_text(bench_file)]
     lines += ["", f"{'step':28} {'result':36} log"]
     for step in [s for _, s in conformance] + list(steps):
         lines.append(f"{step.name:28} {_step_line(step):36} {step.name}.log")
@@ -548,19 +562,27 @@ class ConformanceRun:
     backend: str
     profile: str
     cudnn_off: bool = False
+    device: str = "cuda"
 
     def command(self, out: Path) -> list[str]:
         return conformance_command(
-            out, self.backend, self.profile, label=self.label, cudnn_off=self.cudnn_off
+            out,
+            self.backend,
+            self.profile,
+            label=self.label,
+            cudnn_off=self.cudnn_off,
+            device=self.device,
         )
 
 
-def conformance_runs(backends: Sequence[str], profile: str, cudnn_on: bool) -> list[ConformanceRun]:
+def conformance_runs(
+    backends: Sequence[str], profile: str, cudnn_on: bool, device: str = "cuda"
+) -> list[ConformanceRun]:
     """One run per backend; then, where torch may pick cuDNN attention, ``sdpa`` again
     without it (kill profile), so a cuDNN-only failure is told apart from sdpa's own."""
-    runs = [ConformanceRun(b, b, profile) for b in backends]
+    runs = [ConformanceRun(b, b, profile, device=device) for b in backends]
     if cudnn_on and "sdpa" in backends:
-        runs.append(ConformanceRun(CUDNN_OFF_LABEL, "sdpa", "kill", cudnn_off=True))
+        runs.append(ConformanceRun(CUDNN_OFF_LABEL, "sdpa", "kill", True, device))
     return runs
 
 
@@ -590,10 +612,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--archive", type=Path, metavar="FILE", help="also pack OUT_DIR into this .tar.gz"
     )
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cuda (default); cpu: a rehearsal of every step on the CPU (CPU workload sizes, "
+        "no capture)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        metavar="S",
+        help=f"the total time budget in seconds (default {FULL_TOTAL_S:.0f}, "
+        f"--quick {QUICK_TOTAL_S:.0f})",
+    )
     args = parser.parse_args(argv)
     out: Path = args.out.resolve()  # steps run from the checkout, not from here
     out.mkdir(parents=True, exist_ok=True)
-    clock = Clock(QUICK_TOTAL_S if args.quick else FULL_TOTAL_S)
+    default_total = QUICK_TOTAL_S if args.quick else FULL_TOTAL_S
+    clock = Clock(args.budget if args.budget is not None else default_total)
     limits = QUICK_LIMITS if args.quick else FULL_LIMITS
     env_text = _environment(out)
     print(env_text, flush=True)
@@ -615,7 +652,8 @@ def main(argv: list[str] | None = None) -> int:
 
     conformance: list[tuple[str, StepResult]] = []
     conformance_end = time.monotonic() + limits.conformance
-    runs = conformance_runs(backends, profile, cudnn_attention_on())
+    cuda = args.device == "cuda"
+    runs = conformance_runs(backends, profile, cuda and cudnn_attention_on(), args.device)
     for index, run in enumerate(runs):
         share = (conformance_end - time.monotonic()) / (len(runs) - index)
         name = f"conformance-{file_label(run.label)}"
@@ -629,14 +667,18 @@ def main(argv: list[str] | None = None) -> int:
             "harness.graph_check",
             "--json",
             str(out / "graph-check.json"),
+            "--device",
+            args.device,
             *[arg for b in backends for arg in ("--backend", b)],
         ],
     )
     bench = step(
-        "bench", limits.bench, lambda limit: bench_command(out, backends, workloads, limit)
+        "bench",
+        limits.bench,
+        lambda limit: bench_command(out, backends, workloads, limit, args.device),
     )
     print()
-    print(summary(out, env_text, skipped, conformance, [graph, bench], profile))
+    print(summary(out, env_text, skipped, conformance, [graph, bench], profile, args.device))
     if args.archive is not None:
         print(f"archive: {archive(out, args.archive.resolve())}")
     steps = [s for _, s in conformance] + [graph, bench]

@@ -302,3 +302,19 @@ def test_summary_is_built_from_whatever_files_exist(tmp_path, capsys):
     assert "prefill a" in text  # the bench table, from the results file
     assert text.splitlines()[-1].startswith("bench ")  # the short table is last
     assert "not run (out of time)" in text.splitlines()[-1]
+
+
+def test_a_cpu_rehearsal_points_every_step_at_the_cpu(tmp_path):
+    """``--device cpu`` runs the same steps on the CPU, before a lease is spent on them."""
+    run = gpu_check.ConformanceRun("sdpa", "sdpa", "kill", device="cpu")
+    command = run.command(tmp_path)
+    assert command[command.index("--conformance-device") + 1] == "cpu"
+    bench = gpu_check.bench_command(tmp_path, ["sdpa"], ["decode-sweep"], 60.0, "cpu")
+    assert str(tmp_path / "bench-cpu.json") in bench
+    assert bench[bench.index("--device") + 1] == "cpu"
+    assert gpu_check.conformance_runs(["sdpa"], "kill", False, "cpu") == [run]
+    text = gpu_check.summary(
+        tmp_path, "env", [], [], [StepResult("graph-check", 0, 1.0, 9.0)] * 2, "kill", "cpu"
+    )
+    assert "graph-mode check (cpu)" in text
+    assert "bench (cpu)" in text
