@@ -498,9 +498,13 @@ def _bench_text(path: Path) -> str:
     from harness.results import ResultsError, load_results
 
     try:
-        return render(load_results(path))
+        record = load_results(path)
     except (ResultsError, OSError) as exc:
         return f"  results file unreadable: {exc}"
+    if not record.partial:
+        return render(record)
+    cut = "  PARTIAL: the step stopped before its last case (bench.log); the cases shown are whole"
+    return f"{cut}\n{render(record)}"
 
 
 def summary(

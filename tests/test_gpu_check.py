@@ -22,7 +22,7 @@ from harness import gpu_check
 from harness.bench import BenchConfig
 from harness.gpu_check import StepResult, main
 from harness.registry import BackendEntry
-from harness.results import load_results
+from harness.results import load_results, save_results
 from harness.timing import TimingConfig
 from harness.workloads import CaseSpec, Workload
 from reference_backends import SdpaBackend
@@ -318,3 +318,14 @@ def test_a_cpu_rehearsal_points_every_step_at_the_cpu(tmp_path):
     )
     assert "graph-mode check (cpu)" in text
     assert "bench (cpu)" in text
+
+
+def test_the_summary_says_when_the_bench_file_is_partial(tmp_path):
+    entry = BackendEntry("sdpa", SdpaBackend, "test")
+    path = tmp_path / "bench-cuda.json"
+    gpu_check.run_bench_step(path, [entry], [WORKLOADS[1]], FAST, deadline_s=600)
+    assert "PARTIAL" not in gpu_check._bench_text(path)
+    record = load_results(path)
+    record.partial = True
+    save_results(record, path)
+    assert gpu_check._bench_text(path).startswith("  PARTIAL: the step stopped")
