@@ -72,6 +72,11 @@ def cpus_allowed() -> int | None:
         return None
 
 
+def usable_cpus() -> int:
+    """CPUs to share out among worker processes: the affinity mask, else the CPU count."""
+    return cpus_allowed() or os.cpu_count() or 1
+
+
 def _gpu(device: str) -> dict[str, Any]:
     dev = torch.device(device)
     index = dev.index if dev.index is not None else torch.cuda.current_device()

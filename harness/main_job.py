@@ -54,13 +54,6 @@ class ConformanceJob:
         return closing[-1] if closing else f"exit {self.code}, no verdict (see {self.log})"
 
 
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def file_stem(name: str) -> str:
     """A backend name as a file name: specs hold '/', ':' and '.'."""
     safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in name)

@@ -69,6 +69,7 @@ def _backends(specs: list[str], device: str) -> tuple[list[Any], list[str]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from harness.environment import usable_cpus
     from harness.main_job import (
         ConformanceJob,
         file_stem,
@@ -77,7 +78,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         run_bench,
         run_conformance_jobs,
         schedule,
-        usable_cpus,
     )
 
     if args.device == "cpu":

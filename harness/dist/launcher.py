@@ -25,6 +25,7 @@ from typing import Any
 from harness.dist.diagnosis import Failure, diagnose_exit, diagnose_stall
 from harness.dist.group import INIT_ENV, PARENT_ENV
 from harness.dist.progress import read_beat, read_status, read_summary
+from harness.environment import usable_cpus
 
 POLL_S = 0.05
 GRACE_S = 2.0
@@ -54,13 +55,6 @@ class Outcome:
 
 def worker_command(worker_args: Sequence[str], module: str = "harness.dist.worker") -> list[str]:
     return [sys.executable, "-m", module, *worker_args]
-
-
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _environment(rank: int, dp_size: int, run_dir: Path) -> dict[str, str]:

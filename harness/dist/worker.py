@@ -180,16 +180,18 @@ class RankLoop:
             assert gathered is not None
             verdicts = self.checker.check(step, counts, gathered)
             verdict[0] = next(((v.problem, v.rank) for v in verdicts if v.problem), None)
-            self._record(step, counts, verdicts)
+            largest = padded.padded_tokens if self.can_pad else max(counts)
+            self._record(step, counts, largest, verdicts)
         beat.beat(step, "verdict")
         dist.broadcast_object_list(verdict, src=0)
         if verdict[0] is not None:
             message, culprit = verdict[0]
             raise StepCheckFailed(message, culprit)
 
-    def _record(self, step: int, counts: list[int], verdicts: list[RankVerdict]) -> None:
-        padded = max(pad_step(counts, r, graph=self.setup.graph, can_pad=self.can_pad).padded_tokens
-                     for r in range(len(counts)))  # fmt: skip
+    def _record(
+        self, step: int, counts: list[int], padded: int, verdicts: list[RankVerdict]
+    ) -> None:
+        """``padded``: every rank's padded size, or (unpadded) the largest rank's tokens."""
         self.steps.append(
             {
                 "step": step,
