@@ -19,7 +19,7 @@ def bits(tensor: torch.Tensor) -> torch.Tensor:
 
 def snapshot(caches: list[LayerCache]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Every layer's key and value bits, to compare with after a call."""
-    return [(bits(c.key), bits(c.value)) for c in caches]
+    return [(bits(c.key_nhd), bits(c.value_nhd)) for c in caches]
 
 
 def changed_slots(
@@ -29,7 +29,7 @@ def changed_slots(
     changed = []
     for cache, (key, value) in zip(caches, before, strict=True):
         rows = set()
-        for now, old in ((cache.key, key), (cache.value, value)):
+        for now, old in ((cache.key_nhd, key), (cache.value_nhd, value)):
             diff = (bits(now) != old).flatten(0, 1).flatten(1).any(-1)
             rows |= {
                 r + cache.page_offset * cache.page_size for r in diff.nonzero().flatten().tolist()

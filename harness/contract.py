@@ -19,6 +19,11 @@ DEFAULT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.b
 class LayerCache:
     """One layer's paged KV cache, NHD: ``[num_pages, page_size, num_kv_heads, head_dim]``.
 
+    ``layout="HND"`` holds ``[num_pages, num_kv_heads, page_size, head_dim]``
+    instead (only for a backend that claims it in ``cache_layouts``);
+    ``key_nhd``/``value_nhd`` view either as NHD. An FP8 cache
+    (``kv_cache_dtype``) holds ``torch.float8_e4m3fn`` or ``float8_e5m2``.
+
     ``page_offset`` is the global id of ``key[0]``: a per-rank pool holds only
     its rank's pages, yet metadata always speaks in global page ids.
     ``key``/``value`` may be strided views (engines pass the halves of one
@@ -30,6 +35,17 @@ class LayerCache:
     value: torch.Tensor
     page_offset: int = 0
     total_pages: int | None = None
+    layout: str = "NHD"
+
+    @property
+    def key_nhd(self) -> torch.Tensor:
+        """``key`` as ``[num_pages, page_size, num_kv_heads, head_dim]`` (a view)."""
+        return self.key.transpose(1, 2) if self.layout == "HND" else self.key
+
+    @property
+    def value_nhd(self) -> torch.Tensor:
+        """``value`` as ``[num_pages, page_size, num_kv_heads, head_dim]`` (a view)."""
+        return self.value.transpose(1, 2) if self.layout == "HND" else self.value
 
     @property
     def num_pages(self) -> int:
@@ -37,11 +53,11 @@ class LayerCache:
 
     @property
     def page_size(self) -> int:
-        return int(self.key.shape[1])
+        return int(self.key_nhd.shape[1])
 
     @property
     def num_kv_heads(self) -> int:
-        return int(self.key.shape[2])
+        return int(self.key_nhd.shape[2])
 
     @property
     def head_dim(self) -> int:
@@ -107,6 +123,15 @@ class Capabilities:
     # the CPU): conformance draws fewer, smaller examples there, and benchmarks do not
     # time it. Listing a device here does not claim it; ``devices`` does.
     interpreted_devices: tuple[str, ...] = ()
+    # Attention variants (all off by default, so a backend that predates them stays valid):
+    sliding_window: bool = False  # the ``sliding_window`` constructor keyword
+    soft_cap: bool = False  # ``logits_soft_cap``
+    sinks: bool = False  # ``sinks``
+    alibi: bool = False  # ``alibi_slopes``
+    kv_cache_dtypes: tuple[str, ...] = ("auto",)  # ``kv_cache_dtype`` values, with scales
+    cache_layouts: tuple[str, ...] = ("NHD",)  # ``LayerCache.layout`` values
+    out_buffer: bool = False  # ``forward(..., out=buffer)`` writes into and returns it
+    lse: bool = False  # ``forward_with_lse(query, key, value, layer_idx) -> (out, lse)``
 
     def unsupported_reason(
         self,
@@ -119,6 +144,14 @@ class Capabilities:
         graph_mode: bool = False,
         causal: bool = True,
         dp_size: int = 1,
+        sliding_window: bool = False,
+        soft_cap: bool = False,
+        sinks: bool = False,
+        alibi: bool = False,
+        kv_cache_dtype: str = "auto",
+        cache_layout: str = "NHD",
+        out_buffer: bool = False,
+        lse: bool = False,
     ) -> str | None:
         """Why a case lies outside this claim, or ``None`` when it is inside."""
         checks = [
@@ -146,6 +179,14 @@ class Capabilities:
                 self.max_dp_size is not None and dp_size > self.max_dp_size,
                 f"dp_size {dp_size} > {self.max_dp_size}",
             ),
+            (sliding_window and not self.sliding_window, "sliding_window"),
+            (soft_cap and not self.soft_cap, "logits_soft_cap"),
+            (sinks and not self.sinks, "sinks"),
+            (alibi and not self.alibi, "alibi_slopes"),
+            (kv_cache_dtype not in self.kv_cache_dtypes, f"kv_cache_dtype {kv_cache_dtype!r}"),
+            (cache_layout not in self.cache_layouts, f"cache layout {cache_layout!r}"),
+            (out_buffer and not self.out_buffer, "forward(out=...)"),
+            (lse and not self.lse, "forward_with_lse"),
         ]
         for failed, what in checks:
             if failed:
@@ -163,6 +204,11 @@ class AttentionBackend(Protocol):
     The constructor takes ``num_heads, num_kv_heads, head_dim, scale`` and,
     when DP-aware, ``dp_size, dp_rank`` by keyword. ``forward`` writes each
     new key/value row to its slot, then returns attention over the cache.
+
+    Optional, each behind its ``Capabilities`` flag: the variant keywords
+    (``sliding_window``, ``logits_soft_cap``, ``sinks``, ``alibi_slopes``,
+    ``kv_cache_dtype``/``k_scale``/``v_scale``) in the constructor, a keyword
+    ``out=`` on ``forward`` and a method ``forward_with_lse``.
     """
 
     def bind_kv_caches(self, layer_caches: list[LayerCache]) -> None: ...

@@ -158,6 +158,7 @@ def make_layer_caches(
     dp_rank: int = 0,
     fill: float = float("nan"),
     combined_kv: bool = False,
+    cache_layout: str = "NHD",
 ) -> list[LayerCache]:
     """Cache tensors for one rank in either layout, filled with ``fill``.
 
@@ -166,13 +167,16 @@ def make_layer_caches(
     ``combined_kv`` holds each layer in one ``[pages, 2, page_size, KV, D]``
     tensor, as engines do, and hands out its two halves: strided views that a
     backend must write through, since no flat view of them exists.
+    ``cache_layout="HND"`` swaps the page-size and head dimensions; ``dtype``
+    may be an FP8 dtype (an FP8 KV cache).
     """
     if layout is PoolLayout.SHARED:
         offset, held = 0, total_pages
     else:
         page_range = dp_page_range(total_pages, dp_size, dp_rank)
         offset, held = page_range.start, len(page_range)
-    shape = (held, page_size, num_kv_heads, head_dim)
+    inner = (num_kv_heads, page_size) if cache_layout == "HND" else (page_size, num_kv_heads)
+    shape = (held, *inner, head_dim)
     caches = []
     for _ in range(num_layers):
         if combined_kv:
@@ -181,7 +185,15 @@ def make_layer_caches(
         else:
             key = torch.full(shape, fill, dtype=dtype, device=device)
             value = torch.full(shape, fill, dtype=dtype, device=device)
-        caches.append(LayerCache(key=key, value=value, page_offset=offset, total_pages=total_pages))
+        caches.append(
+            LayerCache(
+                key=key,
+                value=value,
+                page_offset=offset,
+                total_pages=total_pages,
+                layout=cache_layout,
+            )
+        )
     return caches
 
 
@@ -231,13 +243,23 @@ def token_index(tensor: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor,
     return pages, rows.remainder(size)
 
 
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """An FP8 tensor as ``uint8`` (same memory): torch's CPU indexing kernels lack FP8."""
+    return tensor.view(torch.uint8) if tensor.dtype in FP8_DTYPES else tensor
+
+
 def put_rows(tensor: torch.Tensor, rows: torch.Tensor, src: torch.Tensor) -> None:
     """Write ``src[i]`` to flattened-cache row ``rows[i]`` of ``tensor``, in place.
 
-    Works on any strided view (a combined K/V half included): the write goes
-    through ``tensor`` itself, by a flat view when one exists, else by
-    ``(page, offset)`` pairs.
+    Works on any strided view (a combined K/V half or an HND cache seen as
+    NHD included): the write goes through ``tensor`` itself, by a flat view
+    when one exists, else by ``(page, offset)`` pairs.
     """
+    if tensor.dtype in FP8_DTYPES:
+        tensor, src = _as_bytes(tensor), _as_bytes(src.to(tensor.dtype))
     if _rows_mergeable(tensor):
         flat_tokens(tensor).index_copy_(0, rows, src)
     else:
@@ -246,18 +268,31 @@ def put_rows(tensor: torch.Tensor, rows: torch.Tensor, src: torch.Tensor) -> Non
 
 def take_rows(tensor: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """Flattened-cache rows of ``tensor`` as a new contiguous ``[len(rows), heads, dim]``."""
+    if tensor.dtype in FP8_DTYPES:
+        return take_rows(_as_bytes(tensor), rows).view(tensor.dtype)
     if _rows_mergeable(tensor):
         return flat_tokens(tensor).index_select(0, rows)
     return tensor[token_index(tensor, rows)]
 
 
 def write_tokens(
-    cache: LayerCache, global_slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+    cache: LayerCache,
+    global_slots: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
-    """Store key/value rows at global slots (all slots must be held by ``cache``)."""
+    """Store key/value rows at global slots (all slots must be held by ``cache``).
+
+    An FP8 cache stores ``key / k_scale`` and ``value / v_scale`` rounded to it.
+    """
     rows = local_slots(cache, global_slots.to(device=cache.key.device, dtype=torch.long))
-    put_rows(cache.key, rows, key.to(cache.key.dtype))
-    put_rows(cache.value, rows, value.to(cache.value.dtype))
+    if cache.key.dtype in FP8_DTYPES:
+        key, value = key.float() / k_scale, value.float() / v_scale
+    put_rows(cache.key_nhd, rows, key.to(cache.key.dtype))
+    put_rows(cache.value_nhd, rows, value.to(cache.value.dtype))
 
 
 def read_tokens(
@@ -266,4 +301,4 @@ def read_tokens(
     """The first ``length`` tokens of a sequence on ``pages``, contiguous ``[L, KV, D]``."""
     slots = torch.tensor(token_slots(pages, range(length), cache.page_size), dtype=torch.long)
     rows = local_slots(cache, slots).to(cache.key.device)
-    return take_rows(cache.key, rows), take_rows(cache.value, rows)
+    return take_rows(cache.key_nhd, rows), take_rows(cache.value_nhd, rows)

@@ -8,6 +8,13 @@ returns the magnitudes the tolerance needs (see ``harness.tolerance``).
 GQA is computed by folding each KV head's query heads into one matrix
 (``[KV, group * q, D]``) instead of copying K and V out to every query head,
 so memory stays at the size of the sequence's own K/V.
+
+Variants (``harness.variants.AttentionVariant``) follow the contract's
+definitions, in this order: logits ``scale * q.k``; soft-cap
+``cap * tanh(logits / cap)``; ALiBi bias ``slope_h * (key_pos - query_pos)``;
+the mask (causal, and a sliding window: key positions ``> query_pos - W``);
+a sink's logit joins the softmax's denominator with no value. For an FP8
+cache the ``SequenceKV`` hold the dequantized values the backend reads.
 """
 
 from __future__ import annotations
@@ -17,6 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.variants import AttentionVariant
+
+PLAIN = AttentionVariant()
 
 @dataclass(frozen=True)
 class SequenceKV:
@@ -50,6 +60,7 @@ class OracleOutput:
     logit_scale: torch.Tensor
     rounding_scale: torch.Tensor
     checked: torch.Tensor
+    lse: torch.Tensor | None = None  # [T, H]: ln of the softmax's denominator (sink included)
 
     @property
     def output_norm(self) -> torch.Tensor:
@@ -57,12 +68,61 @@ class OracleOutput:
         return self.output.norm(dim=-1)
 
 
-def _visible_mask(query_len: int, seq_len: int, causal: bool) -> torch.Tensor:
-    """``[q, L]`` mask: query j sits at position ``L - q + j`` (bottom-right causal)."""
-    if not causal:
-        return torch.ones(query_len, seq_len, dtype=torch.bool)
+def _visible_mask(
+    query_len: int, seq_len: int, causal: bool, window: int | None = None
+) -> torch.Tensor:
+    """``[q, L]`` mask: query j sits at position ``L - q + j`` (bottom-right causal).
+
+    A sliding window ``W`` hides keys at positions ``<= query_pos - W``.
+    """
     positions = torch.arange(seq_len - query_len, seq_len).unsqueeze(1)
-    return torch.arange(seq_len).unsqueeze(0) <= positions
+    keys = torch.arange(seq_len).unsqueeze(0)
+    visible = keys <= positions if causal else torch.ones(query_len, seq_len, dtype=torch.bool)
+    if window is not None:
+        visible = visible & (keys > positions - window)
+    return visible
+
+
+def _per_row(values: tuple[float, ...], num_kv_heads: int, q_len: int) -> torch.Tensor:
+    """Per-query-head ``values`` laid out as the grouped rows: ``[KV, G * q, 1]`` float64."""
+    per_head = torch.tensor(values, dtype=torch.float64).reshape(num_kv_heads, -1, 1)
+    return per_head.expand(-1, -1, q_len).reshape(num_kv_heads, -1, 1)
+
+
+def _alibi_bias(row: _GroupedRow, slopes: tuple[float, ...]) -> torch.Tensor:
+    """``[KV, G*q, L]``: ``slope_h * (key_pos - query_pos)``."""
+    length = row.k.shape[1]
+    query_pos = torch.arange(length - row.q_len, length, dtype=torch.float64)
+    query_pos = query_pos.repeat(row.q.shape[1] // row.q_len)  # [G*q]
+    distance = torch.arange(length, dtype=torch.float64)[None, :] - query_pos[:, None]
+    return _per_row(slopes, row.k.shape[0], row.q_len) * distance
+
+
+def variant_logits(
+    row: _GroupedRow, scale: float, variant: AttentionVariant, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The masked logits ``[KV, G*q, L]`` in ``dtype`` and the sink column ``[KV, G*q, 1]``."""
+    logits = (row.q.to(dtype) @ row.k.to(dtype).transpose(1, 2)) * scale
+    cap = variant.logits_soft_cap
+    if cap is not None:
+        logits = cap * torch.tanh(logits / cap)
+    if variant.alibi_slopes is not None:
+        logits = logits + _alibi_bias(row, variant.alibi_slopes).to(dtype)
+    logits = logits.masked_fill(row.hidden, float("-inf"))
+    sinks = None
+    if variant.sinks is not None:
+        sinks = _per_row(variant.sinks, row.k.shape[0], row.q_len).to(dtype)
+    return logits, sinks
+
+
+def softmax_with_sink(
+    logits: torch.Tensor, sinks: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Probabilities over the keys and the log-sum-exp; a sink adds to the denominator only."""
+    if sinks is None:
+        return torch.softmax(logits, dim=-1), torch.logsumexp(logits, dim=-1)
+    extended = torch.cat([logits, sinks.expand(*logits.shape[:-1], 1)], dim=-1)
+    return torch.softmax(extended, dim=-1)[..., :-1], torch.logsumexp(extended, dim=-1)
 
 
 def _grouped_queries(query: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
@@ -98,6 +158,7 @@ def _grouped_rows(
     query_lens: Sequence[int],
     causal: bool,
     dtype: torch.dtype,
+    window: int | None = None,
 ) -> Iterator[_GroupedRow]:
     """The real rows of a ragged batch on the CPU in ``dtype``; padding rows are skipped."""
     start = 0
@@ -109,7 +170,8 @@ def _grouped_rows(
         k = seq.key.detach().to("cpu", dtype).transpose(0, 1)
         v = seq.value.detach().to("cpu", dtype).transpose(0, 1)
         q = _grouped_queries(query[tokens].detach().to("cpu", dtype), k.shape[0])
-        hidden = ~_visible_mask(q_len, seq.length, causal).repeat(q.shape[1] // q_len, 1)
+        visible = _visible_mask(q_len, seq.length, causal, window)
+        hidden = ~visible.repeat(q.shape[1] // q_len, 1)
         yield _GroupedRow(tokens, q_len, q, k, v, hidden)
     if start != query.shape[0]:
         raise ValueError(f"query_lens sum to {start} but query has {query.shape[0]} tokens")
@@ -122,29 +184,44 @@ def oracle_attention(
     *,
     scale: float,
     causal: bool = True,
+    variant: AttentionVariant = PLAIN,
 ) -> OracleOutput:
-    """Exact attention for a ragged batch; ``None`` marks a padding row (not checked)."""
+    """Exact attention for a ragged batch; ``None`` marks a padding row (not checked).
+
+    ``logit_scale`` also counts what a variant adds to a logit's size in fp32
+    (the soft-cap's ``cap``, the largest ALiBi bias, the sink's ``|s|``).
+    """
     num_tokens, num_heads, head_dim = query.shape
     out = torch.zeros(num_tokens, num_heads, head_dim, dtype=torch.float64)
     value_scale = torch.zeros(num_tokens, num_heads, dtype=torch.float64)
     logit_scale = torch.zeros(num_tokens, num_heads, dtype=torch.float64)
     rounding_scale = torch.zeros(num_tokens, num_heads, dtype=torch.float64)
+    lse = torch.zeros(num_tokens, num_heads, dtype=torch.float64)
     checked = torch.zeros(num_tokens, dtype=torch.bool)
-    for row in _grouped_rows(query, sequences, query_lens, causal, torch.float64):
+    rows_of = _grouped_rows(
+        query, sequences, query_lens, causal, torch.float64, variant.sliding_window
+    )
+    for row in rows_of:
         q, k, hidden, rows, q_len = row.q, row.k, row.hidden, row.tokens, row.q_len
-        logits = (q @ k.transpose(1, 2)) * scale  # [KV, G*q, L]
-        probs = torch.softmax(logits.masked_fill(hidden, float("-inf")), dim=-1)
+        logits, sinks = variant_logits(row, scale, variant, torch.float64)  # [KV, G*q, L]
+        probs, row_lse = softmax_with_sink(logits, sinks)
         out[rows] = _ungrouped(probs @ row.v, q_len)
+        lse[rows] = _ungrouped(row_lse, q_len)
         # a bound's magnitude, not a result: float32 is ample and three times cheaper
         magnitude = (q.abs().float() @ k.abs().float().transpose(1, 2)).double() * abs(scale)
-        logit_scale[rows] = _ungrouped(magnitude.masked_fill(hidden, 0).amax(-1), q_len)
+        if variant.alibi_slopes is not None:
+            magnitude = magnitude + _alibi_bias(row, variant.alibi_slopes).abs()
+        largest = magnitude.masked_fill(hidden, 0).amax(-1) + (variant.logits_soft_cap or 0.0)
+        if sinks is not None:
+            largest = largest + sinks[..., 0].abs()
+        logit_scale[rows] = _ungrouped(largest, q_len)
         norms = row.v.norm(dim=-1).unsqueeze(1)  # [KV, 1, L]
         value_scale[rows] = _ungrouped(norms.masked_fill(hidden, 0).amax(-1), q_len)
         rounding_scale[rows] = _ungrouped(
             (probs.square() @ norms.square().mT).sqrt()[..., 0], q_len
         )
         checked[rows] = True
-    return OracleOutput(out, value_scale, logit_scale, rounding_scale, checked)
+    return OracleOutput(out, value_scale, logit_scale, rounding_scale, checked, lse)
 
 
 def naive_attention(
@@ -154,6 +231,7 @@ def naive_attention(
     *,
     scale: float,
     causal: bool = True,
+    variant: AttentionVariant = PLAIN,
 ) -> torch.Tensor:
     """Attention as a straightforward same-dtype implementation computes it.
 
@@ -165,9 +243,9 @@ def naive_attention(
     dtype = query.dtype
     num_tokens, num_heads, head_dim = query.shape
     out = torch.zeros(num_tokens, num_heads, head_dim, dtype=dtype)
-    for row in _grouped_rows(query, sequences, query_lens, causal, dtype):
-        logits = (row.q.float() @ row.k.float().transpose(1, 2)) * scale
-        probs = torch.softmax(logits.masked_fill(row.hidden, float("-inf")), dim=-1)
+    for row in _grouped_rows(query, sequences, query_lens, causal, dtype, variant.sliding_window):
+        logits, sinks = variant_logits(row, scale, variant, torch.float32)
+        probs, _ = softmax_with_sink(logits, sinks)
         result = probs.to(dtype).float() @ row.v.float()
         out[row.tokens] = _ungrouped(result, row.q_len).to(dtype)
     return out

@@ -17,7 +17,8 @@ from typing import Any, ClassVar
 import torch
 
 from harness.contract import AttentionMetadata, Capabilities, LayerCache
-from harness.kv_pages import put_rows, take_rows
+from harness.errors import CacheBindingError, Unsupported
+from harness.kv_pages import FP8_DTYPES, put_rows, take_rows
 from harness.validate import (
     CacheGeometry,
     CheckedMetadata,
@@ -29,6 +30,7 @@ from harness.validate import (
     validate_layer_caches,
     validate_metadata,
 )
+from harness.variants import AttentionVariant, check_claimed, dequantize, quantize
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,14 @@ class PagedBackendBase:
     set ``devices = ("cpu",)`` on the subclass; any other ``devices`` an
     override returns (``("cuda",)``) is kept as it is.
     ``dataclasses.replace(super().capabilities(), ...)`` keeps the claim too.
+
+    Variants: the constructor takes every variant keyword, validates it
+    (``self.variant``) and raises ``Unsupported`` for one the class's
+    ``capabilities()`` does not claim. ``forward`` stores new K/V quantized
+    for an FP8 cache, ``sequences`` hands ``attend`` them dequantized, and
+    ``forward(..., out=)`` is handled here for every subclass.
+    ``forward_with_lse`` calls ``attend_with_lse``, which a subclass that
+    claims ``lse`` implements.
     """
 
     per_sequence_rows: bool = True
@@ -104,6 +114,13 @@ class PagedBackendBase:
         dp_size: int = 1,
         dp_rank: int = 0,
         validate: bool = True,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
+        sinks: torch.Tensor | None = None,
+        alibi_slopes: torch.Tensor | None = None,
+        kv_cache_dtype: str = "auto",
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> None:
         if type(self).attend is PagedBackendBase.attend:
             raise TypeError(
@@ -118,6 +135,17 @@ class PagedBackendBase:
             dp_size=dp_size,
             dp_rank=dp_rank,
         )
+        self.variant = AttentionVariant.from_kwargs(
+            num_heads=num_heads,
+            sliding_window=sliding_window,
+            logits_soft_cap=logits_soft_cap,
+            sinks=sinks,
+            alibi_slopes=alibi_slopes,
+            kv_cache_dtype=kv_cache_dtype,
+            k_scale=k_scale,
+            v_scale=v_scale,
+        )
+        check_claimed(self.variant, type(self).capabilities(), type(self).__name__)
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -134,6 +162,7 @@ class PagedBackendBase:
         geometry = validate_layer_caches(
             layer_caches, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim
         )
+        self._check_storage(geometry)
         self._page_range = check_rank_is_bound(geometry, self.dp_size, self.dp_rank)
         self._geometry = geometry
         self._caches = list(layer_caches)
@@ -173,9 +202,61 @@ class PagedBackendBase:
             plan=self.plan_step(checked, geometry),
         )
 
+    def _check_storage(self, geometry: CacheGeometry) -> None:
+        """The cache's layout is claimed and its dtype is what ``kv_cache_dtype`` says."""
+        caps = type(self).capabilities()
+        if geometry.layout not in caps.cache_layouts:
+            raise Unsupported(
+                f"{type(self).__name__}: cache layout {geometry.layout!r} is not claimed "
+                f"(cache_layouts={caps.cache_layouts})"
+            )
+        wanted = self.variant.cache_dtype
+        if wanted is not None and geometry.dtype != wanted:
+            raise CacheBindingError(
+                f"kv_cache_dtype={self.variant.kv_cache_dtype!r} needs a {wanted} cache, "
+                f"got {geometry.dtype}"
+            )
+        if wanted is None and geometry.dtype in FP8_DTYPES:
+            raise CacheBindingError(
+                f"a {geometry.dtype} cache needs kv_cache_dtype='fp8_e4m3' or 'fp8_e5m2' "
+                "and its k_scale/v_scale in the constructor"
+            )
+
     def forward(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_idx: int
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        layer_idx: int,
+        *,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        cache, step = self._write_step(query, key, value, layer_idx, out)
+        result = self.attend(query, cache, step)
+        if out is None:
+            return result
+        out.copy_(result)
+        return out
+
+    def forward_with_lse(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_idx: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The output and the natural-log sum-exp of each (token, head), ``[T, H]`` float32."""
+        cache, step = self._write_step(query, key, value, layer_idx)
+        return self.attend_with_lse(query, cache, step)
+
+    def _write_step(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        layer_idx: int,
+        out: torch.Tensor | None = None,
+    ) -> tuple[LayerCache, PreparedStep]:
+        """Check ``forward``'s inputs (``out`` too), then store the step's new K/V.
+
+        FP8 caches get them quantized. Nothing is written when a check fails.
+        """
         geometry = self._require_bound()
         if self._step is None:
             raise RuntimeError("forward called before prepare")
@@ -191,17 +272,25 @@ class PagedBackendBase:
             num_tokens=len(step.checked.slots),
             geometry=geometry,
         )
+        if out is not None:
+            _check_out_buffer(out, query)
         cache = self._caches[layer_idx]
         if step.write_tokens.numel():
             # through the bound tensors themselves: they may be views of an engine's buffer
-            put_rows(cache.key, step.write_rows, key.index_select(0, step.write_tokens))
-            put_rows(cache.value, step.write_rows, value.index_select(0, step.write_tokens))
-        return self.attend(query, cache, step)
+            new_k = key.index_select(0, step.write_tokens)
+            new_v = value.index_select(0, step.write_tokens)
+            stored = self.variant.cache_dtype
+            if stored is not None:
+                new_k = quantize(new_k, self.variant.k_scale, stored)
+                new_v = quantize(new_v, self.variant.v_scale, stored)
+            put_rows(cache.key_nhd, step.write_rows, new_k)
+            put_rows(cache.value_nhd, step.write_rows, new_v)
+        return cache, step
 
     @classmethod
     def capabilities(cls) -> Capabilities:
-        """Every float dtype, any page size and head dim, on ``cls.devices``."""
-        return Capabilities(devices=cls.devices)
+        """Every float dtype, any page size and head dim, on ``cls.devices``; ``out=``."""
+        return Capabilities(devices=cls.devices, out_buffer=True)
 
     # -- subclass hooks ---------------------------------------------------
 
@@ -216,6 +305,12 @@ class PagedBackendBase:
             "PagedBackendBase.forward calls after writing the new K/V"
         )
 
+    def attend_with_lse(
+        self, query: torch.Tensor, cache: LayerCache, step: PreparedStep
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``attend`` plus the log-sum-exp ``[T, H]`` in float32 (capability ``lse``)."""
+        raise Unsupported(f"{type(self).__name__} does not compute the log-sum-exp")
+
     # -- helpers ----------------------------------------------------------
 
     def _require_bound(self) -> CacheGeometry:
@@ -226,14 +321,20 @@ class PagedBackendBase:
     def sequences(
         self, cache: LayerCache, step: PreparedStep
     ) -> Iterator[tuple[slice, torch.Tensor, torch.Tensor]]:
-        """Each real sequence's query rows and its contiguous K/V, ``[KV, L, D]``."""
+        """Each real sequence's query rows and its contiguous K/V, ``[KV, L, D]``.
+
+        From an FP8 cache the K/V come dequantized, in float32.
+        """
         starts = step.checked.query_start
         for row, rows in enumerate(step.sequence_rows):
             if rows is None or starts[row + 1] == starts[row]:
                 continue  # graph-mode padding: nothing to read, output unspecified
-            key = take_rows(cache.key, rows).transpose(0, 1)
-            value = take_rows(cache.value, rows).transpose(0, 1)
-            yield slice(starts[row], starts[row + 1]), key, value
+            key = take_rows(cache.key_nhd, rows)
+            value = take_rows(cache.value_nhd, rows)
+            if self.variant.quantized:
+                key = dequantize(key, self.variant.k_scale)
+                value = dequantize(value, self.variant.v_scale)
+            yield slice(starts[row], starts[row + 1]), key.transpose(0, 1), value.transpose(0, 1)
 
     def cache_rows(self, pages: list[int], length: int) -> list[int]:
         """Flattened-cache rows of a sequence's first ``length`` tokens.
@@ -245,3 +346,14 @@ class PagedBackendBase:
         size = geometry.page_size
         base = geometry.page_offset * size
         return [pages[p // size] * size + p % size - base for p in range(length)]
+
+
+def _check_out_buffer(out: object, query: torch.Tensor) -> None:
+    """``out=`` must be a tensor of the output's shape, dtype and device (strides are free)."""
+    if not isinstance(out, torch.Tensor):
+        raise ValueError(f"out must be a torch.Tensor, got {type(out).__name__}")
+    if out.shape != query.shape or out.dtype != query.dtype or out.device != query.device:
+        raise ValueError(
+            f"out is {tuple(out.shape)} {out.dtype} on {out.device}; the output is "
+            f"{tuple(query.shape)} {query.dtype} on {query.device}"
+        )

@@ -17,11 +17,13 @@ from typing import Any
 import torch
 
 from harness.batches import BatchBuilder, Step
+from harness.cache_readback import quantized_write_problem, stored_sequence
 from harness.contract import AttentionBackend, LayerCache
 from harness.kv_pages import PagePool, PoolLayout, make_layer_caches, token_slots, write_tokens
 from harness.oracle import OracleOutput, SequenceKV, naive_attention, oracle_attention
 from harness.registry import BackendEntry, DPBackendConfig, instantiate_backend
 from harness.tolerance import Comparison, compare
+from harness.variants import AttentionVariant
 
 MAX_ROWS_SHOWN = 8
 """Rows ``Scenario.describe`` writes out; past it, the first four, the last two and a count."""
@@ -59,6 +61,13 @@ class Scenario:
     planted_keys: int = 0  # keys per sequence given a large logit (see plant_positions)
     seed: int = 0
     device: str = "cpu"
+    variant: AttentionVariant = AttentionVariant()  # window, soft-cap, sinks, ALiBi, FP8 cache
+    cache_layout: str = "NHD"  # or "HND": [pages, kv_heads, page_size, head_dim]
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """The cache tensors' dtype: the FP8 one of an FP8 cache, else the model's."""
+        return self.variant.cache_dtype or self.dtype
 
     @property
     def softmax_scale(self) -> float:
@@ -93,6 +102,10 @@ class Scenario:
         ]
         if self.shared_prefix:
             extras.append(f"shared_prefix={self.shared_prefix}")
+        if self.cache_layout != "NHD":
+            extras.append(self.cache_layout)
+        if not self.variant.is_plain:
+            extras.append(self.variant.describe())
         return (
             f"dp {self.dp_rank}/{self.dp_size} {self.layout.value}, "
             f"{str(self.dtype).removeprefix('torch.')}, H={self.num_heads} "
@@ -122,16 +135,39 @@ class StepInputs:
         """The oracle and naive outputs of ``layer``, computed once and reused.
 
         Every backend, the peer and every property checked on these inputs
-        compare against the same float64 result.
+        compare against the same float64 result. With an FP8 cache the oracle
+        reads the K/V the backend stored, so call this after its ``forward``
+        (and check the stored values with ``quantized_write_problem``).
         """
         if layer not in self._references:
             s = self.scenario
             query_lens = [row.query_len for row in self.step.rows]
-            args = (self.queries[layer], self.sequences[layer], query_lens)
-            exact = oracle_attention(*args, scale=s.softmax_scale, causal=s.causal)
-            naive = naive_attention(*args, scale=s.softmax_scale, causal=s.causal)
+            args = (self.queries[layer], self.oracle_sequences(layer), query_lens)
+            options = dict(scale=s.softmax_scale, causal=s.causal, variant=s.variant)
+            exact = oracle_attention(*args, **options)  # type: ignore[arg-type]
+            naive = naive_attention(*args, **options)  # type: ignore[arg-type]
             self._references[layer] = (exact, naive)
         return self._references[layer]
+
+    def oracle_sequences(self, layer: int) -> list[SequenceKV | None]:
+        """Each row's K/V as the backend reads them: the inputs, or for FP8 the stored values."""
+        if not self.scenario.variant.quantized:
+            return self.sequences[layer]
+        cache = self.caches[layer]
+        return [
+            None if seq is None else stored_sequence(cache, row.pages, row.seq_len, self.scenario.variant)
+            for seq, row in zip(self.sequences[layer], self.step.rows, strict=True)
+        ]
+
+    def write_problem(self, layer: int) -> str | None:
+        """For an FP8 cache, why this layer's stored new K/V are not the inputs quantized."""
+        s = self.scenario
+        if not s.variant.quantized:
+            return None
+        slots = self.step.metadata.slot_mapping.cpu()
+        return quantized_write_problem(
+            self.caches[layer], slots, self.keys[layer], self.values[layer], s.variant
+        )
 
     def forward_args(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``forward``'s query/key/value for ``layer``: strided views if the scenario says so."""
@@ -158,6 +194,18 @@ def _random(
 ) -> torch.Tensor:
     data = torch.randn(shape, generator=gen, dtype=torch.float32) * magnitude
     return data.to(device=scenario.device, dtype=scenario.dtype)
+
+
+FP8_HEADROOM = 0.9
+"""K/V of an FP8 scenario stay within this fraction of the FP8 range times the scale."""
+
+
+def fit_fp8(tensor: torch.Tensor, scale: float, variant: AttentionVariant) -> torch.Tensor:
+    """``tensor`` clamped so ``tensor / scale`` fits the FP8 range (no saturation to test)."""
+    if variant.cache_dtype is None:
+        return tensor
+    limit = FP8_HEADROOM * torch.finfo(variant.cache_dtype).max * scale
+    return tensor.clamp(-limit, limit)
 
 
 def _build_step(s: Scenario, pool: PagePool) -> Step:
@@ -202,12 +250,13 @@ def scenario_caches(scenario: Scenario, **overrides: Any) -> list[LayerCache]:
         page_size=s.page_size,
         num_kv_heads=s.num_kv_heads,
         head_dim=s.head_dim,
-        dtype=s.dtype,
+        dtype=s.cache_dtype,
         device=s.device,
         layout=s.layout,
         dp_size=s.dp_size,
         dp_rank=s.dp_rank,
         combined_kv=s.combined_kv,
+        cache_layout=s.cache_layout,
     )
     return make_layer_caches(**(args | overrides))
 
@@ -222,7 +271,7 @@ def backend_for(entry: BackendEntry, scenario: Scenario, **kwargs: Any) -> Any:
         scale=scenario.softmax_scale,
         dp_config=DPBackendConfig(scenario.dp_size, scenario.dp_rank),
         name=entry.name,
-        **kwargs,
+        **(scenario.variant.constructor_kwargs(scenario.device) | kwargs),
     )
 
 
@@ -251,6 +300,7 @@ def make_step_inputs(
         for index, row in enumerate(step.rows):
             shape = (max(row.seq_len, row.query_len), s.num_kv_heads, s.head_dim)
             k, v = _random(gen, shape, s, s.magnitude), _random(gen, shape, s)
+            v = fit_fp8(v, s.variant.v_scale, s.variant)
             if row.seq_id is None:  # padding: inputs that must not be written
                 rows.append(None)
                 directions.append(None)
@@ -259,6 +309,7 @@ def make_step_inputs(
                 continue
             own = shared_tokens if index > 0 else 0
             directions.append(_plant(k, s, range(own, row.seq_len), planting))
+            k = fit_fp8(k, s.variant.k_scale, s.variant)
             first = rows[0] if rows else None
             if index > 0 and shared_tokens and first is not None:  # the shared pages' tokens
                 k[:shared_tokens] = first.key[:shared_tokens]
@@ -266,7 +317,10 @@ def make_step_inputs(
             cached = row.seq_len - row.query_len
             if cached:
                 slots = torch.tensor(token_slots(row.pages, range(cached), s.page_size))
-                write_tokens(cache, slots, k[:cached], v[:cached])
+                write_tokens(
+                    cache, slots, k[:cached], v[:cached],
+                    k_scale=s.variant.k_scale, v_scale=s.variant.v_scale,
+                )
             rows.append(SequenceKV(k, v))
             new_k.append(k[cached:])
             new_v.append(v[cached:])
@@ -323,7 +377,7 @@ def _plant(
 
 
 def check_outputs(inputs: StepInputs, outputs: list[torch.Tensor]) -> list[Comparison]:
-    """Compare each layer's output with the float64 oracle."""
+    """Compare each layer's output with the float64 oracle (FP8 writes: ``write_problem``)."""
     return [
         compare(output, *inputs.reference(layer), inputs.scenario.dtype)
         for layer, output in enumerate(outputs)

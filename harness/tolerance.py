@@ -35,6 +35,31 @@ all-zeros output, uniform attention, a wrong GQA head map, a 10% scale
 error, one skipped page, one dropped key or a causal mask off by one fails
 in bf16 and fp16 at 1k-4k contexts. Logits rounded to bf16 before the
 softmax are not modelled: no production kernel keeps them in 16 bits.
+
+Variants keep the same bound, with what they add to a logit counted in
+``logit_scale`` (``harness.oracle``):
+
+* soft-cap: ``cap * tanh(x / cap)`` is 1-Lipschitz in ``x``, so an fp32
+  error in the raw logit ``x`` is not enlarged by the cap, and
+  ``scale |q|.|k|`` still bounds it; evaluating ``tanh`` in fp32 adds a
+  relative error on a value of size at most ``cap``, so ``cap`` is added to
+  ``logit_scale``;
+* ALiBi: the bias is exact in float64 and off by a relative ``u32`` in fp32,
+  so its largest ``|bias|`` over the visible keys is added;
+* sinks: ``exp(s - m)`` in fp32 likewise adds ``|s|``;
+* sliding window: masks only, nothing to add;
+* FP8 KV cache: the oracle reads the dequantized values the backend reads,
+  so quantization is part of the input, never error. A kernel that
+  dequantizes into the model dtype (bf16 with a non-power-of-two scale)
+  rounds each K/V element once more; ``naive_attention`` does the same
+  (its K/V are rounded to the dtype), so that error is inside the naive term.
+
+The log-sum-exp (``forward_with_lse``) is compared absolutely:
+``8 u32 (sqrt(D) logit_scale + |lse| + 1) + 2 u logit_scale``, fp32
+accumulation of a D-term dot product and of the denominator, plus logits
+formed from inputs rounded to the dtype (q pre-scaled, FP8 K dequantized to
+bf16). A wrong base (log2), a missing max shift, a sink left out or an
+unscaled logit is off by O(1).
 """
 
 from __future__ import annotations
@@ -145,4 +170,44 @@ def compare(
         head,
         float(error[token, head]),
         float(bound[token, head]),
+    )
+
+
+LSE_FACTOR = 8.0
+
+
+def lse_bound(oracle: OracleOutput, dtype: torch.dtype, head_dim: int) -> torch.Tensor:
+    """The allowed absolute error of the log-sum-exp per (token, head), ``[T, H]``."""
+    assert oracle.lse is not None
+    u, u32 = unit_roundoff(dtype), unit_roundoff(ACCUMULATOR)
+    fp32 = u32 * LSE_FACTOR * (head_dim**0.5 * oracle.logit_scale + oracle.lse.abs() + 1)
+    return fp32 + 2 * u * oracle.logit_scale
+
+
+def compare_lse(lse: torch.Tensor, oracle: OracleOutput, dtype: torch.dtype) -> Comparison:
+    """Compare a backend's ``[T, H]`` log-sum-exp with the oracle's, padding rows excluded."""
+    assert oracle.lse is not None
+    rows = oracle.checked
+    if tuple(lse.shape) != tuple(oracle.lse.shape):
+        raise ValueError(f"lse shape {tuple(lse.shape)} != expected {tuple(oracle.lse.shape)}")
+    got = lse.detach().to("cpu", torch.float64)[rows]
+    error = (got - oracle.lse[rows]).abs()
+    bound = lse_bound(oracle, dtype, oracle.output.shape[-1])[rows]
+    token_ids = rows.nonzero().flatten()
+    if error.numel() == 0:
+        return Comparison(False, 0, 0, float("nan"), -1, -1, float("nan"), float("nan"))
+    bad = ~torch.isfinite(got)
+    if bad.any():
+        token, head = bad.nonzero()[0].tolist()
+        return Comparison(
+            False, int(rows.sum()), int(bad.sum()), float("inf"), int(token_ids[token]), head,
+            float("nan"), float(bound[token, head]),
+        )
+    ratio = error / bound
+    flat = int(ratio.argmax())
+    token, head = divmod(flat, ratio.shape[1])
+    worst = float(ratio[token, head])
+    return Comparison(
+        worst <= 1.0, int(rows.sum()), 0, worst, int(token_ids[token]), head,
+        float(error[token, head]), float(bound[token, head]),
     )

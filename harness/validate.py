@@ -19,7 +19,8 @@ import torch
 
 from harness.contract import AttentionMetadata, LayerCache
 from harness.errors import CacheBindingError, ForeignPageError, MetadataError
-from harness.kv_pages import dp_page_range, pages_needed
+from harness.kv_pages import FP8_DTYPES, dp_page_range, pages_needed
+from harness.variants import CACHE_LAYOUTS
 
 
 def _is_int(value: object) -> bool:
@@ -81,6 +82,7 @@ class CacheGeometry:
     total_pages: int
     dtype: torch.dtype
     device: torch.device
+    layout: str = "NHD"
 
 
 def validate_layer_caches(
@@ -115,6 +117,10 @@ def validate_layer_caches(
             raise CacheBindingError(f"{where}: key and value differ in dtype or device")
         if not cache.key.dtype.is_floating_point:
             raise CacheBindingError(f"{where}: dtype {cache.key.dtype} is not floating point")
+        if cache.layout not in CACHE_LAYOUTS:
+            raise CacheBindingError(
+                f"{where}: layout {cache.layout!r} is not one of {', '.join(CACHE_LAYOUTS)}"
+            )
         for name in ("key", "value"):
             tensor = getattr(cache, name)
             if any(n > 1 and s == 0 for n, s in zip(tensor.shape, tensor.stride(), strict=True)):
@@ -152,10 +158,12 @@ def validate_layer_caches(
             and cache.key.device == first.key.device
             and cache.page_offset == first.page_offset
             and cache.global_total_pages == first.global_total_pages
+            and cache.layout == first.layout
         )
         if not same:
             raise CacheBindingError(
-                f"{where}: shape, dtype, device, page_offset or total_pages differ from layer 0"
+                f"{where}: shape, dtype, device, page_offset, total_pages or layout differ "
+                "from layer 0"
             )
     return CacheGeometry(
         num_layers=len(layer_caches),
@@ -165,6 +173,7 @@ def validate_layer_caches(
         total_pages=first.global_total_pages,
         dtype=first.key.dtype,
         device=first.key.device,
+        layout=first.layout,
     )
 
 
@@ -423,13 +432,18 @@ def validate_forward_inputs(
         "key": (num_tokens, num_kv_heads, head_dim),
         "value": (num_tokens, num_kv_heads, head_dim),
     }
+    quantized = geometry.dtype in FP8_DTYPES  # the model dtype is the query's, not the cache's
+    model_dtype = query.dtype if quantized and isinstance(query, torch.Tensor) else geometry.dtype
+    if model_dtype in FP8_DTYPES:
+        raise ValueError(f"query dtype {model_dtype} is an FP8 dtype: only the cache may be")
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         if not isinstance(tensor, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
         if tuple(tensor.shape) != expect[name]:
             raise ValueError(f"{name} shape {tuple(tensor.shape)} != expected {expect[name]}")
-        if tensor.dtype != geometry.dtype:
-            raise ValueError(f"{name} dtype {tensor.dtype} != cache dtype {geometry.dtype}")
+        if tensor.dtype != model_dtype:
+            what = "query dtype" if quantized else "cache dtype"
+            raise ValueError(f"{name} dtype {tensor.dtype} != {what} {model_dtype}")
         if tensor.device != geometry.device:
             raise ValueError(f"{name} is on {tensor.device}, the cache on {geometry.device}")
     if not _is_int(layer_idx) or not 0 <= layer_idx < geometry.num_layers:  # type: ignore[operator]
