@@ -41,6 +41,9 @@ DIMENSIONS = (
     "shared_prefix",
     "views",
     "cache",
+    "variant",
+    "kv_cache",
+    "cache_layout",
 )
 
 DP_BUCKETS = ((1, 1), (2, 2), (3, 8), (9, 16), (17, 64))
@@ -103,7 +106,28 @@ def labels(s: Scenario) -> dict[str, str]:
         "shared_prefix": "shared" if s.shared_prefix else "none",
         "views": "strided" if s.noncontiguous else "dense",
         "cache": "combined K/V" if s.combined_kv else "separate K/V",
+        "variant": _variant_label(s),
+        "kv_cache": s.variant.kv_cache_dtype,
+        "cache_layout": s.cache_layout,
     }
+
+
+VARIANT_NAMES = ("window", "soft-cap", "sinks", "alibi")
+
+
+def _variant_label(s: Scenario) -> str:
+    """The variants on in a step, joined by ``+`` (``plain`` when none)."""
+    v = s.variant
+    on = [
+        name
+        for name, flag in zip(
+            VARIANT_NAMES,
+            (v.sliding_window, v.logits_soft_cap, v.sinks, v.alibi_slopes),
+            strict=True,
+        )
+        if flag is not None
+    ]
+    return "+".join(on) or "plain"
 
 
 @dataclass(frozen=True)
@@ -219,6 +243,16 @@ def requirements(
         wanted.append(_exactly("shared_prefix", "shared"))
     wanted += [_exactly("views", v) for v in ("dense", "strided")]
     wanted += [_exactly("cache", v) for v in ("separate K/V", "combined K/V")]
+    claimed = (caps.sliding_window, caps.soft_cap, caps.sinks, caps.alibi)
+    for name, on in zip(VARIANT_NAMES, claimed, strict=True):
+        if on:
+            wanted.append(
+                Requirement("variant", name, lambda label, n=name: n in label.split("+"))
+            )
+    if sum(claimed) >= 2:
+        wanted.append(Requirement("variant", "two or more at once", lambda label: "+" in label))
+    wanted += [_exactly("kv_cache", d) for d in caps.kv_cache_dtypes]
+    wanted += [_exactly("cache_layout", d) for d in caps.cache_layouts]
     return wanted
 
 
@@ -366,6 +400,7 @@ LABEL_ORDER = (
     *("MHA", "GQA 2-8", "GQA 9+", "MQA", "decode", "prefill", "extend", "mixed"),
     *("causal", "non-causal", "graph-padded", "dense", "strided", "separate K/V"),
     "combined K/V",
+    *("plain", "auto", "NHD", "HND"),
 )
 """The order categorical labels are printed in, so every run's table reads the same."""
 
@@ -415,6 +450,10 @@ def claim_summary(caps: Capabilities, scenarios: Iterable[Scenario]) -> str:
             f"dp_size {s.dp_size} (max_dp_size {caps.max_dp_size or 'any'}), "
             f"{'graph-mode padding' if s.graph_mode else 'no padding'} "
             f"(graph_mode {caps.graph_mode}), "
-            f"{'causal' if s.causal else 'non-causal'} (non_causal {caps.non_causal})"
+            f"{'causal' if s.causal else 'non-causal'} (non_causal {caps.non_causal}), "
+            f"variant {s.variant.describe() or 'plain'} (sliding_window {caps.sliding_window}, "
+            f"soft_cap {caps.soft_cap}, sinks {caps.sinks}, alibi {caps.alibi}, "
+            f"kv_cache_dtypes {claim(caps.kv_cache_dtypes)}), "
+            f"cache layout {s.cache_layout} (claims {claim(caps.cache_layouts)})"
         )
     return "; ".join(dict.fromkeys(parts))

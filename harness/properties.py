@@ -31,7 +31,7 @@ from harness.scenario import (
     scenario_pool,
 )
 from harness.sequence_run import RankSteps
-from harness.tolerance import error_bound
+from harness.tolerance import compare_lse, error_bound
 
 __all__ = ["PropertyFailure", "bits", "changed_slots"]  # re-exported for older imports
 
@@ -98,6 +98,10 @@ def _assert_oracle(
             raise fail(prop, entry, s, f"layer {layer}: output shape {got} != {expected}")
         if output.dtype != s.dtype:
             raise fail(prop, entry, s, f"layer {layer}: output dtype {output.dtype} != {s.dtype}")
+    for layer in range(len(outputs)):
+        problem = inputs.write_problem(layer)  # FP8 caches: stored values before the oracle
+        if problem is not None:
+            raise fail(prop, entry, s, f"layer {layer}: {problem}")
     for layer, result in enumerate(check_outputs(inputs, outputs)):
         if not result.passed:
             raise fail(prop, entry, s, f"layer {layer}: {result.describe()}")
@@ -434,6 +438,60 @@ def check_constructor_rejects(entry: BackendEntry, field: str, changes: dict[str
     raise fail(prop, entry, None, f"{changes} accepted without ValueError")
 
 
+BAD_VARIANT_VALUES: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("sliding_window", {"sliding_window": 0}),
+    ("sliding_window", {"sliding_window": -4}),
+    ("logits_soft_cap", {"logits_soft_cap": float("nan")}),
+    ("logits_soft_cap", {"logits_soft_cap": float("inf")}),
+    ("logits_soft_cap", {"logits_soft_cap": -30.0}),
+    ("sinks", {"sinks": "wrong-shape"}),
+    ("alibi_slopes", {"alibi_slopes": "wrong-shape"}),
+    ("kv_cache_dtype", {"kv_cache_dtype": "fp4"}),
+    ("k_scale", {"kv_cache_dtype": "fp8", "k_scale": 0.0}),
+    ("v_scale", {"kv_cache_dtype": "fp8", "v_scale": -1.0}),
+    ("k_scale", {"kv_cache_dtype": "fp8", "k_scale": float("nan")}),
+)
+"""Bad variant keywords; ``"wrong-shape"`` and ``"fp8"`` are filled in per backend."""
+
+_VARIANT_FLAGS = {
+    "sliding_window": "sliding_window",
+    "logits_soft_cap": "soft_cap",
+    "sinks": "sinks",
+    "alibi_slopes": "alibi",
+}
+
+
+def variant_keyword_claimed(caps: Any, keyword: str) -> bool:
+    """Whether a backend with ``caps`` takes the variant ``keyword`` at all."""
+    flag = _VARIANT_FLAGS.get(keyword)
+    if flag is not None:
+        return bool(getattr(caps, flag))
+    return any(d != "auto" for d in caps.kv_cache_dtypes)
+
+
+def check_variant_constructor_rejects(
+    entry: BackendEntry, keyword: str, changes: dict[str, Any]
+) -> None:
+    """A claimed variant's bad value is a ``ValueError`` naming the keyword."""
+    prop = "constructor rejects bad variant values"
+    fp8 = [d for d in entry.capabilities.kv_cache_dtypes if d != "auto"]
+    args: dict[str, Any] = {"num_heads": 4, "num_kv_heads": 2, "head_dim": 8, "scale": 0.5}
+    filled = dict(changes)
+    if filled.get("kv_cache_dtype") == "fp8":
+        filled["kv_cache_dtype"] = fp8[0]
+    if filled.get(keyword) == "wrong-shape":
+        filled[keyword] = torch.zeros(3)  # num_heads is 4
+    try:
+        entry.cls(**(args | filled))
+    except ValueError as exc:
+        if keyword not in str(exc):
+            raise fail(
+                prop, entry, None, f"{changes}: ValueError does not name {keyword!r}: {exc}"
+            ) from exc
+        return
+    raise fail(prop, entry, None, f"{filled} accepted without ValueError")
+
+
 # -- 5. inputs untouched, outputs sane ------------------------------------------------
 
 
@@ -521,3 +579,77 @@ def check_deterministic(entry: BackendEntry, scenario: Scenario) -> None:
     for layer, (a, b) in enumerate(zip(first, second, strict=True)):
         if not torch.equal(bits(a), bits(b)):
             raise fail(prop, entry, scenario, f"layer {layer}: second run differs")
+
+
+# -- optional outputs: the log-sum-exp and out= buffers -----------------------------------
+
+
+def check_lse_matches_oracle(entry: BackendEntry, scenario: Scenario) -> None:
+    """``forward_with_lse`` returns the same output as ``forward`` would, and the oracle's LSE."""
+    prop = "forward_with_lse matches the oracle"
+    inputs = make_step_inputs(scenario)
+    backend = bound_backend(prop, entry, inputs)
+    outputs, lses = [], []
+    for layer in range(scenario.num_layers):
+        result = _call(prop, entry, scenario, backend.forward_with_lse, *inputs.forward_args(layer), layer)
+        if not isinstance(result, tuple) or len(result) != 2:
+            raise fail(prop, entry, scenario, f"returned {type(result).__name__}, not (out, lse)")
+        outputs.append(result[0])
+        lses.append(result[1])
+    _assert_oracle(prop, entry, inputs, outputs)
+    tokens, heads = scenario_tokens(inputs), scenario.num_heads
+    for layer, lse in enumerate(lses):
+        if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (tokens, heads):
+            got = tuple(lse.shape) if isinstance(lse, torch.Tensor) else type(lse).__name__
+            raise fail(prop, entry, scenario, f"layer {layer}: lse shape {got} != {(tokens, heads)}")
+        if lse.dtype != torch.float32:
+            raise fail(prop, entry, scenario, f"layer {layer}: lse dtype {lse.dtype} != float32")
+        result = compare_lse(lse, inputs.reference(layer)[0], scenario.dtype)
+        if not result.passed:
+            raise fail(prop, entry, scenario, f"layer {layer}: lse {result.describe()}")
+
+
+def scenario_tokens(inputs: StepInputs) -> int:
+    return int(inputs.queries[0].shape[0])
+
+
+OUT_BUFFER_FILL = float("nan")
+
+
+def check_out_buffer_is_the_result(entry: BackendEntry, scenario: Scenario, strided: bool) -> None:
+    """``forward(..., out=buf)`` returns ``buf`` itself, filled with the output, nothing else written.
+
+    The buffer is a view into a wider NaN-filled tensor (every other column
+    when ``strided``), so a write past it, or a result left in a new tensor,
+    shows. The output must match the oracle like any other.
+    """
+    prop = "forward(out=) writes the buffer it was given"
+    inputs = make_step_inputs(scenario)
+    backend = bound_backend(prop, entry, inputs)
+    outputs = []
+    for layer in range(scenario.num_layers):
+        query = inputs.forward_args(layer)[0]
+        width = 2 if strided else 1
+        wide = torch.full(
+            (*query.shape[:-1], query.shape[-1] * width + 2),
+            OUT_BUFFER_FILL,
+            dtype=query.dtype,
+            device=query.device,
+        )
+        buffer = wide[..., 1 : 1 + query.shape[-1] * width : width]
+        before = bits(wide)
+        result = _call(
+            prop, entry, scenario, backend.forward, *inputs.forward_args(layer), layer, out=buffer
+        )
+        if result is not buffer and not (
+            isinstance(result, torch.Tensor)
+            and result.data_ptr() == buffer.data_ptr()
+            and result.stride() == buffer.stride()
+        ):
+            raise fail(prop, entry, scenario, f"layer {layer}: the result is not the out buffer")
+        outside = torch.ones_like(wide, dtype=torch.bool)
+        outside[..., 1 : 1 + query.shape[-1] * width : width] = False
+        if not torch.equal(bits(wide)[outside.cpu()], before[outside.cpu()]):
+            raise fail(prop, entry, scenario, f"layer {layer}: wrote outside the out buffer")
+        outputs.append(buffer.clone())
+    _assert_oracle(prop, entry, inputs, outputs)

@@ -205,6 +205,7 @@ def fit_fp8(tensor: torch.Tensor, scale: float, variant: AttentionVariant) -> to
     if variant.cache_dtype is None:
         return tensor
     limit = FP8_HEADROOM * torch.finfo(variant.cache_dtype).max * scale
+    limit = min(limit, torch.finfo(tensor.dtype).max)  # e5m2 * 2 is past fp16's range
     return tensor.clamp(-limit, limit)
 
 

@@ -17,11 +17,12 @@ from typing import Any
 import torch
 
 from harness.batches import BatchBuilder, Step
+from harness.cache_readback import quantized_write_problem, stored_sequence
 from harness.canary import changed_slots, snapshot
 from harness.contract import LayerCache
 from harness.errors import PropertyFailure
 from harness.oracle import SequenceKV, naive_attention, oracle_attention
-from harness.scenario import Scenario
+from harness.scenario import Scenario, fit_fp8
 from harness.tolerance import compare
 
 KVHistory = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: all K and V so far
@@ -78,18 +79,22 @@ class RankSteps:
         self.steps += 1
         return built
 
-    def _random(self, shape: tuple[int, ...], magnitude: float = 1.0) -> torch.Tensor:
+    def _random(
+        self, shape: tuple[int, ...], magnitude: float = 1.0, fp8_scale: float | None = None
+    ) -> torch.Tensor:
         g = self.geometry
         data = torch.randn(shape, generator=self.gen) * magnitude
-        return data.to(device=g.device, dtype=g.dtype)
+        data = data.to(device=g.device, dtype=g.dtype)
+        return data if fp8_scale is None else fit_fp8(data, fp8_scale, g.variant)
 
     def _forward_layer(self, built: Step, slots: list[int], layer: int) -> None:
         g = self.geometry
         new_k, new_v = [], []
         seqs: list[SequenceKV | None] = []
         for row in built.rows:
-            k = self._random((row.query_len, g.num_kv_heads, g.head_dim), g.magnitude)
-            v = self._random((row.query_len, g.num_kv_heads, g.head_dim))
+            shape = (row.query_len, g.num_kv_heads, g.head_dim)
+            k = self._random(shape, g.magnitude, g.variant.k_scale)
+            v = self._random(shape, fp8_scale=g.variant.v_scale)
             new_k.append(k)
             new_v.append(v)
             if row.seq_id is None:  # graph-mode padding: written nowhere, never checked
@@ -112,9 +117,23 @@ class RankSteps:
                     f"{where} changed layer {index} slots {sorted(changed - expect)[:8]}, "
                     f"missed {sorted(expect - changed)[:8]}"
                 )
+        if g.variant.quantized:  # the oracle reads what the backend stored, once checked
+            slots_tensor = torch.tensor(slots)
+            problem = quantized_write_problem(
+                self.caches[layer], slots_tensor, torch.cat(new_k), torch.cat(new_v), g.variant
+            )
+            if problem is not None:
+                raise PropertyFailure(f"{where}: {problem}")
+            seqs = [
+                None if seq is None else stored_sequence(
+                    self.caches[layer], row.pages, row.seq_len, g.variant
+                )
+                for seq, row in zip(seqs, built.rows, strict=True)
+            ]
         args = (query, seqs, [row.query_len for row in built.rows])
-        exact = oracle_attention(*args, scale=g.softmax_scale, causal=g.causal)
-        naive = naive_attention(*args, scale=g.softmax_scale, causal=g.causal)
+        options = dict(scale=g.softmax_scale, causal=g.causal, variant=g.variant)
+        exact = oracle_attention(*args, **options)  # type: ignore[arg-type]
+        naive = naive_attention(*args, **options)  # type: ignore[arg-type]
         result = compare(out, exact, naive, g.dtype)
         if not result.passed:
             raise PropertyFailure(f"{where}: output vs oracle: {result.describe()}")

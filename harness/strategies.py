@@ -42,12 +42,17 @@ from harness.production_shapes import (
     CostLimit,
 )
 from harness.scenario import Scenario
+from harness.variants import AttentionVariant, alibi_slopes_for
 
 T = TypeVar("T")
 PAGE_SIZES = (2, 1, 3, 4, 5, 7, 8, 16)  # first is where shrinking lands
 HEAD_DIMS = (8, 16, 5, 13, 32, 64)
 BATCH_KINDS = ("decode", "prefill", "extend", "mixed")
 SINGLE_RANK_ONE_IN = 8  # multi-rank draws that are one rank
+WINDOWS = (1, 2, 3, 4, 7, 16, 64)  # small windows: small contexts cross them
+PRODUCTION_WINDOWS = (64, 128, 256, 1024, 4096)  # peer grids' and Mistral's windows
+SOFT_CAPS = (10.0, 30.0, 50.0, 1.0, 5.0)  # the peer grids' caps, then ones small logits reach
+FP8_SCALES = (1.0, 0.5, 0.0625, 0.037, 2.0, 0.3)  # powers of two and not
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,77 @@ def balanced(values: Sequence[T]) -> st.SearchStrategy[T]:
 
 
 @st.composite
+def attention_variants(
+    draw: st.DrawFn,
+    caps: Capabilities,
+    num_heads: int,
+    windows: tuple[int, ...] = WINDOWS,
+) -> AttentionVariant:
+    """Variants inside the claim, drawn together; plain attention half the time (shrinks there)."""
+    claimed = (
+        caps.sliding_window,
+        caps.soft_cap,
+        caps.sinks,
+        caps.alibi,
+        len(caps.kv_cache_dtypes) > 1 or caps.kv_cache_dtypes != ("auto",),
+    )
+    if not any(claimed) or not draw(balanced((False, True))):
+        return AttentionVariant() if "auto" in caps.kv_cache_dtypes else _fp8_only(draw, caps)
+
+    def on(claim: bool) -> bool:
+        return claim and draw(st.booleans())
+
+    window = draw(st.sampled_from(windows)) if on(caps.sliding_window) else None
+    cap = draw(st.sampled_from(SOFT_CAPS)) if on(caps.soft_cap) else None
+    sinks = None
+    if on(caps.sinks):
+        per_head = st.floats(-4.0, 4.0, allow_nan=False, width=32)
+        sinks = tuple(draw(st.lists(per_head, min_size=num_heads, max_size=num_heads)))
+    slopes = None
+    if on(caps.alibi):
+        factor = draw(st.sampled_from((1.0, 0.25, 4.0)))
+        slopes = tuple(factor * s for s in alibi_slopes_for(num_heads))
+    cache_dtype = draw(st.sampled_from(caps.kv_cache_dtypes))
+    if cache_dtype == "auto":
+        return AttentionVariant(
+            sliding_window=window, logits_soft_cap=cap, sinks=sinks, alibi_slopes=slopes
+        )
+    return AttentionVariant(
+        sliding_window=window,
+        logits_soft_cap=cap,
+        sinks=sinks,
+        alibi_slopes=slopes,
+        kv_cache_dtype=cache_dtype,
+        k_scale=draw(st.sampled_from(FP8_SCALES)),
+        v_scale=draw(st.sampled_from(FP8_SCALES)),
+    )
+
+
+def _fp8_only(draw: st.DrawFn, caps: Capabilities) -> AttentionVariant:
+    """A backend whose claim has no ``"auto"`` cache: an FP8 cache every time."""
+    return AttentionVariant(
+        kv_cache_dtype=draw(st.sampled_from(caps.kv_cache_dtypes)),
+        k_scale=draw(st.sampled_from(FP8_SCALES)),
+        v_scale=draw(st.sampled_from(FP8_SCALES)),
+    )
+
+
+def with_variant(
+    draw: st.DrawFn, caps: Capabilities, scenario: Scenario, windows: tuple[int, ...] = WINDOWS
+) -> Scenario:
+    """``scenario`` with a variant and a cache layout drawn inside ``caps``."""
+    return replace(
+        scenario,
+        variant=draw(attention_variants(caps, scenario.num_heads, windows)),
+        cache_layout=(
+            draw(st.sampled_from(caps.cache_layouts))
+            if len(caps.cache_layouts) > 1
+            else caps.cache_layouts[0]
+        ),
+    )
+
+
+@st.composite
 def geometries(
     draw: st.DrawFn, caps: Capabilities, budget: Budget = CI_BUDGET, device: str = "cpu"
 ) -> Scenario:
@@ -100,7 +176,7 @@ def geometries(
     magnitude = draw(st.sampled_from((1.0, 1.0, 1.0, 8.0, 30.0)))
     if dtype != torch.float32 and magnitude > 8.0:
         magnitude = 8.0  # keeps q.k inside fp16's range; the logits are still in the hundreds
-    return Scenario(
+    geometry = Scenario(
         num_heads=kv_heads * group,
         num_kv_heads=kv_heads,
         head_dim=draw(st.sampled_from(head_dims)),
@@ -112,6 +188,7 @@ def geometries(
         causal=not draw(st.booleans()) if caps.non_causal else True,  # shrinks to causal
         device=device,
     )
+    return with_variant(draw, caps, geometry)
 
 
 def _context(draw: st.DrawFn, low: int, high: int, page_size: int) -> int:
@@ -281,7 +358,7 @@ def production_geometries(
     wanted = (
         PRODUCTION_PAGE_SIZES if regime == "page-sizes" else small_pages + PRODUCTION_PAGE_SIZES
     )
-    return Scenario(
+    geometry = Scenario(
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
@@ -292,6 +369,7 @@ def production_geometries(
         causal=not draw(st.booleans()) if caps.non_causal else True,
         device=device,
     )
+    return with_variant(draw, caps, geometry, PRODUCTION_WINDOWS)
 
 
 def _query_kinds(length: int) -> tuple[tuple[str, int], ...]:

@@ -342,3 +342,19 @@ from suites.mutants.thresholds import (  # noqa: E402, F401
 )
 
 MUTANTS += THRESHOLD_MUTANTS
+
+from suites.mutants.variants import (  # noqa: E402, F401
+    VARIANT_MUTANTS,
+    AlibiSignFlipped,
+    Fp8ScaleInvertedOnRead,
+    Fp8ScaleInvertedOnWrite,
+    HndReadAsNhd,
+    IgnoresSinks,
+    LseInLog2,
+    OutBufferIgnored,
+    SoftCapBeforeScale,
+    WindowOffByOne,
+    WindowOnlyInPrefill,
+)
+
+MUTANTS += VARIANT_MUTANTS
