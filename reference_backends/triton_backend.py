@@ -37,6 +37,8 @@ from harness.paged_base import PagedBackendBase, PreparedStep
 from harness.triton_mode import interpret_triton_here, triton_interprets
 from harness.validate import CacheGeometry, CheckedMetadata
 
+LOG2E = 1.4426950408889634
+NO_WINDOW = 2**30  # a window no sequence reaches: the kernels' "no sliding window"
 MIN_SPLIT_KEYS = 256  # a decode context past this many keys is split (flash-decoding)
 DECODE_WARPS = 4  # a decode tile is only a GQA group's rows (>= 16): more warps find no work
 _SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -140,6 +142,9 @@ class TritonBackend(PagedBackendBase):
         dp_size: int = 1,
         dp_rank: int = 0,
         validate: bool = True,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> None:
         super().__init__(
             num_heads=num_heads,
@@ -149,6 +154,9 @@ class TritonBackend(PagedBackendBase):
             dp_size=dp_size,
             dp_rank=dp_rank,
             validate=validate,
+            sliding_window=sliding_window,
+            logits_soft_cap=logits_soft_cap,
+            sinks=sinks,
         )
         if not _triton_available():
             raise Unsupported(
@@ -165,7 +173,15 @@ class TritonBackend(PagedBackendBase):
         every registered backend leaves it out instead of failing on it.
         """
         devices = ("cpu", "cuda") if _triton_available() else ()
-        return Capabilities(dtypes=_SUPPORTED_DTYPES, devices=devices, interpreted_devices=("cpu",))
+        return Capabilities(
+            dtypes=_SUPPORTED_DTYPES,
+            devices=devices,
+            interpreted_devices=("cpu",),
+            sliding_window=True,
+            soft_cap=True,
+            sinks=True,
+            out_buffer=True,
+        )
 
     def bind_kv_caches(self, layer_caches: list[LayerCache]) -> None:
         for index, cache in enumerate(layer_caches):
@@ -262,6 +278,14 @@ class TritonBackend(PagedBackendBase):
         programs = 4 * torch.cuda.get_device_properties(device).multi_processor_count
         return max(1, min(most, math.ceil(programs / max(1, items * self.num_kv_heads))))
 
+    def _sinks(self, device: torch.device) -> torch.Tensor:
+        """The sinks as float32 on ``device``, made once per device."""
+        cached: dict[torch.device, torch.Tensor] = self.__dict__.setdefault("_sink_tensors", {})
+        if device not in cached:
+            values = self.variant.sinks or (0.0,)
+            cached[device] = torch.tensor(values, dtype=torch.float32, device=device)
+        return cached[device]
+
     # -- forward: launches only ---------------------------------------------
 
     def attend(self, query: torch.Tensor, cache: LayerCache, step: PreparedStep) -> torch.Tensor:
@@ -273,7 +297,10 @@ class TritonBackend(PagedBackendBase):
         make = torch.empty if plan.all_tokens_covered else torch.zeros
         out = make(query.shape, dtype=query.dtype, device=query.device)
         key, value = cache.key, cache.value
-        scale_log2 = self.scale * 1.4426950408889634  # log2(e): the kernels use exp2
+        scale_log2 = self.scale * LOG2E  # the kernels use exp2
+        variant = self.variant
+        cap = variant.logits_soft_cap or 1.0
+        sinks = self._sinks(query.device)  # a one-element dummy when there are none
         common = (
             *query.stride(),
             *key.stride(),
@@ -282,7 +309,12 @@ class TritonBackend(PagedBackendBase):
             plan.block_table.stride(0),
             scale_log2,
             key.shape[1],
+            variant.sliding_window or NO_WINDOW,
+            self.scale / cap,  # the soft-cap's tanh argument per unit of q.k
+            cap * LOG2E,
+            sinks,
         )
+        flags = {"SOFT_CAP": variant.logits_soft_cap is not None, "HAS_SINKS": variant.sinks is not None}
         items = plan.decode_rows.numel()
         if items:
             split = plan.num_splits > 1
@@ -301,6 +333,7 @@ class TritonBackend(PagedBackendBase):
                 plan.split_len,
                 plan.num_splits,
                 self.num_heads,
+                **flags,
                 GROUP=self.group,
                 BLOCK_H=max(16, triton_next_power_of_2(self.group)),
                 HEAD_DIM=self.head_dim,
@@ -317,9 +350,11 @@ class TritonBackend(PagedBackendBase):
                     plan.part_lse,
                     out,
                     plan.decode_tokens,
+                    sinks,
                     *out.stride(),
                     plan.num_splits,
                     self.num_heads,
+                    HAS_SINKS=flags["HAS_SINKS"],
                     HEAD_DIM=self.head_dim,
                     BLOCK_D=tiling.block_d,
                     BLOCK_S=max(2, triton_next_power_of_2(plan.num_splits)),
@@ -337,6 +372,7 @@ class TritonBackend(PagedBackendBase):
                 plan.tile_rows,
                 plan.tile_starts,
                 *common,
+                **flags,
                 GROUP=self.group,
                 GROUP_PAD=triton_next_power_of_2(self.group),
                 HEAD_DIM=self.head_dim,

@@ -18,6 +18,13 @@ running sum in fp32 (``exp2`` of log2e-scaled logits), probabilities rounded
 to the value dtype before ``P @ V``. fp32 inputs use IEEE ``tl.dot`` (not
 TF32). ``DOT_F32`` upcasts the operands of both dots to fp32, for the
 interpreter, whose bf16 ``tl.dot`` is wrong.
+
+Variants: a sliding window starts each key loop at the window's first key
+and masks per query (``window`` is 2**30 when there is none); a soft-cap
+(``SOFT_CAP``) maps each fp32 logit through ``cap * tanh(x / cap)`` before
+the online softmax; sinks (``HAS_SINKS``) join the softmax's denominator
+where the output is normalised: in the decode kernel without splits, in
+the split merge, and in the prefill kernel.
 """
 
 # No ``from __future__ import annotations``: triton reads the ``tl.constexpr`` annotations.
@@ -42,8 +49,40 @@ def _load_token_rows(
 
 
 @triton.jit
+def _soft_capped(dots, cap_scale, cap_log2):
+    """``cap * tanh(scale * dots / cap)`` in log2 units; ``tanh`` from one ``exp`` (stable)."""
+    y = dots * cap_scale
+    t = tl.exp(-2.0 * tl.abs(y))
+    tanh = (1.0 - t) / (1.0 + t)
+    return tl.where(y < 0, -tanh, tanh) * cap_log2
+
+
+@triton.jit
+def _sink_normalised(acc, m_i, l_i, sinks_ptr, head, head_mask, HAS_SINKS: tl.constexpr):
+    """``acc / (l + 2^(sink - m))``: the running sum plus each head's sink (log2 units)."""
+    total = l_i
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head, mask=head_mask, other=0.0) * 1.4426950408889634
+        seen = m_i != float("-inf")
+        total = l_i + tl.where(seen, tl.exp2(sink - tl.where(seen, m_i, 0.0)), 0.0)
+    return acc / tl.where(total > 0.0, total, 1.0)[:, None]
+
+
+@triton.jit
 def _attend_tile(
-    q, k, v, m_i, l_i, acc, keep, scale_log2, DOT_F32: tl.constexpr, PRECISION: tl.constexpr
+    q,
+    k,
+    v,
+    m_i,
+    l_i,
+    acc,
+    keep,
+    scale_log2,
+    cap_scale,
+    cap_log2,
+    SOFT_CAP: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """One key tile of the online softmax: the running max, sum and weighted values after it.
 
@@ -52,7 +91,11 @@ def _attend_tile(
     """
     if DOT_F32:
         k = k.to(tl.float32)
-    logits = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+    dots = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+    if SOFT_CAP:
+        logits = _soft_capped(dots, cap_scale, cap_log2)
+    else:
+        logits = dots * scale_log2
     logits = tl.where(keep, logits, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(logits, 1))
     m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -96,9 +139,15 @@ def decode_split_kernel(
     stride_bt,
     scale_log2,
     page_size,
+    window,
+    cap_scale,
+    cap_log2,
+    sinks_ptr,
     split_len,
     num_splits,
     num_heads,
+    SOFT_CAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -123,6 +172,7 @@ def decode_split_kernel(
     seq_len = tl.load(seq_lens_ptr + row)
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
+    first_key = tl.maximum(start, seq_len - window)  # the window's first key (the query: L - 1)
 
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
@@ -142,7 +192,7 @@ def decode_split_kernel(
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     table = block_table_ptr + row.to(tl.int64) * stride_bt
-    for n0 in range(start, end, BLOCK_N):
+    for n0 in range(first_key, end, BLOCK_N):
         pos = n0 + offs_n
         valid = pos < end
         page, in_page = _token_pages(table, pos, valid, page_size)
@@ -156,11 +206,15 @@ def decode_split_kernel(
             load_mask,
         )  # fmt: skip
         m_i, l_i, acc = _attend_tile(
-            q, k, v, m_i, l_i, acc, valid[None, :], scale_log2, DOT_F32, PRECISION
-        )
+            q, k, v, m_i, l_i, acc, valid[None, :], scale_log2, cap_scale, cap_log2,
+            SOFT_CAP, DOT_F32, PRECISION,
+        )  # fmt: skip
 
     has_keys = l_i > 0.0
-    result = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if SPLIT:  # sinks join in the merge
+        result = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    else:
+        result = _sink_normalised(acc, m_i, l_i, sinks_ptr, head, mask_h, HAS_SINKS)
     if SPLIT:
         lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
         part = (item * num_heads + head).to(tl.int64) * num_splits + split
@@ -184,19 +238,22 @@ def merge_splits_kernel(
     part_lse_ptr,
     out_ptr,
     item_tokens_ptr,
+    sinks_ptr,
     stride_ot,
     stride_oh,
     stride_od,
     num_splits,
     num_heads,
+    HAS_SINKS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):
     """Combine one (decode query, head)'s splits by their log-sum-exp weights.
 
-    A split past the sequence's end has lse = -inf and weight 0; split 0
-    always holds a key, so the weights never all vanish.
+    A split past the sequence's end (or before a window) has lse = -inf and
+    weight 0; the last split always holds the query's own key, so the
+    weights never all vanish. A sink is one more term of the denominator.
     """
     item = tl.program_id(0)
     head = tl.program_id(1)
@@ -207,13 +264,19 @@ def merge_splits_kernel(
     mask_d = offs_d < HEAD_DIM
     part = (item * num_heads + head).to(tl.int64) * num_splits + offs_s
     lse = tl.load(part_lse_ptr + part, mask=mask_s, other=float("-inf"))
-    weight = tl.exp2(lse - tl.max(lse, 0))
+    top = tl.max(lse, 0)
+    extra = 0.0
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head) * 1.4426950408889634
+        top = tl.maximum(top, sink)
+        extra = tl.exp2(sink - top)
+    weight = tl.exp2(lse - top)
     partial = tl.load(
         part_out_ptr + part[:, None] * HEAD_DIM + offs_d[None, :],
         mask=mask_s[:, None] & mask_d[None, :],
         other=0.0,
     )
-    result = tl.sum(partial * weight[:, None], 0) / tl.sum(weight, 0)
+    result = tl.sum(partial * weight[:, None], 0) / (tl.sum(weight, 0) + extra)
     tl.store(
         out_ptr + token * stride_ot + head * stride_oh + offs_d * stride_od,
         result.to(out_ptr.dtype.element_ty),
@@ -249,6 +312,12 @@ def prefill_kernel(
     stride_bt,
     scale_log2,
     page_size,
+    window,
+    cap_scale,
+    cap_log2,
+    sinks_ptr,
+    SOFT_CAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -300,7 +369,8 @@ def prefill_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     table = block_table_ptr + row.to(tl.int64) * stride_bt
-    for n0 in range(0, key_end, BLOCK_N):
+    key_start = tl.maximum(0, seq_len - query_len + first - window + 1)  # first query's window
+    for n0 in range(key_start, key_end, BLOCK_N):
         pos = n0 + offs_n
         valid = pos < key_end
         page, in_page = _token_pages(table, pos, valid, page_size)
@@ -313,12 +383,15 @@ def prefill_kernel(
             v_ptr, page, in_page, kv_head, stride_vp, stride_vs, stride_vh, stride_vd, offs_d,
             load_mask,
         )  # fmt: skip
-        keep = valid[None, :]
+        keep = valid[None, :] & (pos[None, :] > q_pos[:, None] - window)
         if CAUSAL:
             keep = keep & (pos[None, :] <= q_pos[:, None])
-        m_i, l_i, acc = _attend_tile(q, k, v, m_i, l_i, acc, keep, scale_log2, DOT_F32, PRECISION)
+        m_i, l_i, acc = _attend_tile(
+            q, k, v, m_i, l_i, acc, keep, scale_log2, cap_scale, cap_log2,
+            SOFT_CAP, DOT_F32, PRECISION,
+        )  # fmt: skip
 
-    result = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    result = _sink_normalised(acc, m_i, l_i, sinks_ptr, head, mask_m, HAS_SINKS)
     out_offsets = tokens[:, None] * stride_ot + head[:, None] * stride_oh
     tl.store(
         out_ptr + out_offsets + offs_d[None, :] * stride_od,
