@@ -50,7 +50,13 @@ from harness.metrics import rates, roofline
 from harness.peer import PEER_CLASS, PEER_NAME, ContiguousPeer
 from harness.registry import BackendEntry, class_label
 from harness.results import FAILING_STATUSES, CaseRecord, RunRecord, TimingRecord
-from harness.scenario import StepInputs, backend_for, check_outputs, make_step_inputs
+from harness.scenario import (
+    StepInputs,
+    backend_for,
+    check_outputs,
+    make_step_inputs,
+    store_step_tokens,
+)
 from harness.sdpa_pin import first_kernel_that_runs, says_no_kernel
 from harness.statistics import bootstrap_ratio_ci
 from harness.timing import (
@@ -114,6 +120,14 @@ class PreparedCase:
             cache.key.copy_(key)
             cache.value.copy_(value)
 
+    def store_new_tokens(self) -> None:
+        """Write the step's new K/V as a correct backend would (the peer writes none).
+
+        Only the FP8 peer's check needs it: its oracle reads the cache.
+        """
+        self.restore_caches()
+        store_step_tokens(self.inputs)
+
     @property
     def prefix(self) -> str:
         return f"{self.workload.key}/{self.spec.name}"
@@ -164,6 +178,11 @@ def check_output(case: PreparedCase, output: object) -> Verdict:
         )
     if output.device.type != torch.device(case.device).type:
         return Verdict("INCORRECT_SHAPE", f"forward returned a tensor on {output.device}")
+    if case.spec.variant.quantized:  # the oracle reads this backend's FP8 stores, once checked
+        problem = case.inputs.write_problem(0)
+        if problem is not None:
+            return Verdict("INCORRECT_NUMERICAL", problem)
+        case.inputs.forget_references()
     comparison = check_outputs(case.inputs, [output])[0]
     oracle = {
         "passed": comparison.passed,
@@ -212,6 +231,7 @@ def unsupported_reason(
         causal=spec.causal,
         dp_size=spec.dp_size,
         graph_mode=graph_mode,
+        **spec.variant.claim(),
     )
 
 
@@ -429,6 +449,8 @@ class _Runner:
         try:
             with deadline(self.config.case_timeout_s):
                 peer = ContiguousPeer(case.inputs)
+                if case.spec.variant.quantized:
+                    case.store_new_tokens()
                 verdict = check_output(case, peer.assemble(peer()))
                 if verdict.status == "PASSED":  # a wrong peer gives no ratio: do not time it
                     timings["forward"] = self._time_forward(peer)

@@ -6,10 +6,13 @@ Pure functions of the batch shape, with no timing or device:
   ``QK^T`` and ``PV`` are each one multiply-add (2 FLOPs) per query head,
   head-dim element and visible key. A query token at position ``p`` of a
   causal sequence sees ``p + 1`` keys; without a causal mask it sees all
-  ``L``.
+  ``L``. A sliding window ``W`` caps what a query sees at its last ``W``
+  keys.
 * bytes = Q read + O written + each sequence's K/V read once + new K/V
-  written, in the element size of the dtype: the traffic of an ideal kernel
-  that touches every byte exactly once. Graph-mode padding rows (``seq_len``
+  written, Q/O in the element size of the dtype and K/V in the cache's
+  (1 byte for FP8): the traffic of an ideal kernel that touches every byte
+  exactly once. With a window, a sequence's K/V read is the keys some query
+  of it sees (``min(L, q + W - 1)``). Graph-mode padding rows (``seq_len``
   0) are no real work and are not counted.
 
 Counts are Python ints (exact at any size); rates and fractions are floats.
@@ -21,18 +24,38 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 
-def keys_seen(query_len: int, seq_len: int, causal: bool) -> int:
+def keys_seen(query_len: int, seq_len: int, causal: bool, window: int | None = None) -> int:
     """Keys visible to a sequence's ``query_len`` new tokens, summed over them.
 
     The new tokens sit at positions ``seq_len - query_len .. seq_len - 1``;
     causal token ``p`` sees ``p + 1`` keys, so the sum is
-    ``q * (L - q) + q * (q + 1) / 2``.
+    ``q * (L - q) + q * (q + 1) / 2``. A window ``W`` hides keys at
+    positions ``<= p - W``.
     """
     if query_len < 0 or seq_len < query_len:
         raise ValueError(f"need 0 <= query_len <= seq_len, got q={query_len}, L={seq_len}")
+    first, last = seq_len - query_len, seq_len - 1  # the new tokens' positions
+    if window is None:
+        if not causal:
+            return query_len * seq_len
+        return query_len * (seq_len - query_len) + query_len * (query_len + 1) // 2
+    hidden = _hidden_by_window(last, window) - _hidden_by_window(first - 1, window)
     if not causal:
-        return query_len * seq_len
-    return query_len * (seq_len - query_len) + query_len * (query_len + 1) // 2
+        return query_len * seq_len - hidden
+    return _capped_prefix(seq_len, window) - _capped_prefix(first, window)
+
+
+def _capped_prefix(n: int, window: int) -> int:
+    """``sum_{i=1..n} min(i, W)``: keys seen by causal positions ``0 .. n-1``."""
+    if n <= window:
+        return n * (n + 1) // 2
+    return window * (window + 1) // 2 + (n - window) * window
+
+
+def _hidden_by_window(last: int, window: int) -> int:
+    """``sum_{p=0..last} max(0, p - W + 1)``: keys hidden from positions ``0 .. last``."""
+    m = max(0, last - window + 1)
+    return m * (m + 1) // 2
 
 
 @dataclass(frozen=True)
@@ -46,6 +69,8 @@ class AttentionWork:
     query_lens: tuple[int, ...]
     seq_lens: tuple[int, ...]
     causal: bool = True
+    sliding_window: int | None = None
+    kv_element_bytes: int | None = None  # the cache's element size; None: ``element_bytes``
 
     def __post_init__(self) -> None:
         if len(self.query_lens) != len(self.seq_lens):
@@ -55,6 +80,8 @@ class AttentionWork:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for q, length in self.real_rows:
             keys_seen(q, length, self.causal)  # validates each real row
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1, got {self.sliding_window}")
 
     @property
     def real_rows(self) -> list[tuple[int, int]]:
@@ -68,7 +95,12 @@ class AttentionWork:
 
     @property
     def keys_seen(self) -> int:
-        return sum(keys_seen(q, n, self.causal) for q, n in self.real_rows)
+        return sum(keys_seen(q, n, self.causal, self.sliding_window) for q, n in self.real_rows)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """One token's K and V in the cache."""
+        return 2 * self.num_kv_heads * self.head_dim * (self.kv_element_bytes or self.element_bytes)
 
     @property
     def flops(self) -> int:
@@ -81,14 +113,15 @@ class AttentionWork:
 
     @property
     def kv_read_bytes(self) -> int:
-        """Each sequence's whole K and V, read once."""
-        tokens = sum(n for _, n in self.real_rows)
-        return 2 * tokens * self.num_kv_heads * self.head_dim * self.element_bytes
+        """Each sequence's K and V that some query sees (all of it without a window), once."""
+        window = self.sliding_window
+        tokens = sum(n if window is None else min(n, q + window - 1) for q, n in self.real_rows)
+        return tokens * self.kv_bytes_per_token
 
     @property
     def kv_write_bytes(self) -> int:
         """The new tokens' K and V written into the cache."""
-        return 2 * self.num_tokens * self.num_kv_heads * self.head_dim * self.element_bytes
+        return self.num_tokens * self.kv_bytes_per_token
 
     @property
     def bytes(self) -> int:

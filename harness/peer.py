@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from harness.scenario import StepInputs
+from harness.variants import dequantize, quantize
 
 PEER_NAME = "contiguous-sdpa"
 PEER_CLASS = "torch.nn.functional.scaled_dot_product_attention (contiguous [B, KV, L, D])"
@@ -46,6 +47,11 @@ class ContiguousPeer:
     not (the CPU). Square causal blocks use ``is_causal``, decode rows no
     mask. The timed call does the attention only; ``assemble`` lays the
     outputs out as ``[T, H, D]`` for the check.
+
+    A sliding window is a boolean ``[q, L]`` mask. An FP8 case's peer holds
+    the K/V dequantized in the model dtype (quantized as a correct backend
+    stores them), as an engine without an FP8 kernel would: its ratio shows
+    what reading FP8 pages saves, or costs.
     """
 
     def __init__(self, inputs: StepInputs) -> None:
@@ -66,10 +72,21 @@ class ContiguousPeer:
             assert all(seq is not None for seq in seqs)
             keys = torch.stack([seq.key for seq in seqs if seq is not None])
             values = torch.stack([seq.value for seq in seqs if seq is not None])
+            variant = s.variant
+            if variant.cache_dtype is not None:
+                stored = variant.cache_dtype
+                keys = dequantize(quantize(keys, variant.k_scale, stored), variant.k_scale)
+                values = dequantize(quantize(values, variant.v_scale, stored), variant.v_scale)
+                keys, values = keys.to(query.dtype), values.to(query.dtype)
             queries = torch.stack([query[b : b + q] for _, b in members])
             causal = s.causal and q > 1
             # a tensor subclass that SDPA dispatches on; its own (uninitialised) storage is unused
-            mask = causal_lower_right(q, length) if causal and q < length else None
+            mask: torch.Tensor | None = (
+                causal_lower_right(q, length) if causal and q < length else None
+            )
+            if variant.sliding_window is not None:
+                mask = _window_mask(q, length, s.causal, variant.sliding_window, query.device)
+                causal = False
             tokens = [b + j for _, b in members for j in range(q)]
             self.groups.append(
                 _PeerGroup(
@@ -103,3 +120,13 @@ class ContiguousPeer:
         for group, result in zip(self.groups, outputs, strict=True):
             out[group.tokens] = result.transpose(1, 2).reshape(-1, *self.shape[1:])
         return out
+
+
+def _window_mask(
+    query_len: int, length: int, causal: bool, window: int, device: torch.device
+) -> torch.Tensor:
+    """``[q, L]`` True where query j (at ``L - q + j``) sees a key: causal and windowed."""
+    query_pos = torch.arange(length - query_len, length, device=device)[:, None]
+    key_pos = torch.arange(length, device=device)[None, :]
+    visible = key_pos > query_pos - window
+    return visible & (key_pos <= query_pos) if causal else visible

@@ -149,6 +149,10 @@ class StepInputs:
             self._references[layer] = (exact, naive)
         return self._references[layer]
 
+    def forget_references(self) -> None:
+        """Drop the cached oracle: with an FP8 cache each backend's stores are its own."""
+        self._references.clear()
+
     def oracle_sequences(self, layer: int) -> list[SequenceKV | None]:
         """Each row's K/V as the backend reads them: the inputs, or for FP8 the stored values."""
         if not self.scenario.variant.quantized:
@@ -375,6 +379,22 @@ def _plant(
     for index in chosen.tolist():
         key[positions[index]] += (direction * lift).to(key.dtype)
     return direction
+
+
+def store_step_tokens(inputs: StepInputs) -> None:
+    """Write every layer's new K/V into the caches as a correct backend does (FP8: quantized)."""
+    s = inputs.scenario
+    slots = inputs.step.metadata.slot_mapping.cpu()
+    written = (slots != -1).nonzero().flatten()
+    for layer, cache in enumerate(inputs.caches):
+        write_tokens(
+            cache,
+            slots[written],
+            inputs.keys[layer].index_select(0, written.to(inputs.keys[layer].device)),
+            inputs.values[layer].index_select(0, written.to(inputs.values[layer].device)),
+            k_scale=s.variant.k_scale,
+            v_scale=s.variant.v_scale,
+        )
 
 
 def check_outputs(inputs: StepInputs, outputs: list[torch.Tensor]) -> list[Comparison]:

@@ -24,6 +24,7 @@ import torch
 from harness.kv_pages import PoolLayout, pages_needed
 from harness.metrics import AttentionWork
 from harness.scenario import Scenario
+from harness.variants import AttentionVariant
 
 SIZES = ("cpu", "gpu")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -46,8 +47,13 @@ class CaseSpec:
     dp_rank: int = 0
     layout: str = "shared"
     seed: int = 0
+    sliding_window: int | None = None
+    kv_cache_dtype: str = "auto"
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
     def __post_init__(self) -> None:
+        self.variant  # validates the variant fields
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if len(self.context_lens) != len(self.query_lens) or not self.context_lens:
@@ -59,6 +65,16 @@ class CaseSpec:
     @property
     def torch_dtype(self) -> torch.dtype:
         return _DTYPES[self.dtype]
+
+    @property
+    def variant(self) -> AttentionVariant:
+        return AttentionVariant.from_kwargs(
+            num_heads=self.num_heads,
+            sliding_window=self.sliding_window,
+            kv_cache_dtype=self.kv_cache_dtype,
+            k_scale=self.k_scale,
+            v_scale=self.v_scale,
+        )
 
     @property
     def num_tokens(self) -> int:
@@ -87,9 +103,11 @@ class CaseSpec:
             layout=PoolLayout(self.layout),
             seed=self.seed,
             device=device,
+            variant=self.variant,
         )
 
     def work(self) -> AttentionWork:
+        cache_dtype = self.variant.cache_dtype
         return AttentionWork(
             num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads,
@@ -98,6 +116,8 @@ class CaseSpec:
             query_lens=self.query_lens,
             seq_lens=self.context_lens,
             causal=self.causal,
+            sliding_window=self.sliding_window,
+            kv_element_bytes=None if cache_dtype is None else cache_dtype.itemsize,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -147,6 +167,17 @@ GPU = {"dtype": "bfloat16"}
 
 def _decode(batch: int, contexts: tuple[int, ...], **kw: Any) -> list[CaseSpec]:
     return [CaseSpec(f"ctx={n}", (n,) * batch, (1,) * batch, **kw) for n in contexts]
+
+
+def _fp8_decode(batch: int, contexts: tuple[int, ...], **kw: Any) -> list[CaseSpec]:
+    """Decode from an e4m3 cache; scales put randn K/V well inside e4m3's range (448)."""
+    return [
+        CaseSpec(
+            f"fp8_e4m3 ctx={n} x{batch}", (n,) * batch, (1,) * batch,
+            kv_cache_dtype="fp8_e4m3", k_scale=0.05, v_scale=0.02, **kw,
+        )
+        for n in contexts
+    ]
 
 
 def _prefill(shapes: tuple[tuple[int, int], ...], **kw: Any) -> list[CaseSpec]:
@@ -249,6 +280,35 @@ def _build() -> dict[str, Workload]:
             _seeded("dp-scaling", _dp(64, 4096, **GPU)),
         ),
         Workload(
+            "variants",
+            1,
+            "decode",
+            "attention variants served models use: a Mistral-like 4096-key sliding window "
+            "over a 16k context, and decode from an FP8 (e4m3) KV cache",
+            _seeded(
+                "variants",
+                [
+                    CaseSpec("window=4096 ctx=16384", (16384,), (1,), sliding_window=4096),
+                    CaseSpec("window=1024 ctx=4096 x4", (4096,) * 4, (1,) * 4, sliding_window=1024),
+                    *_fp8_decode(4, (1024, 4096)),
+                ],
+            ),
+            _seeded(
+                "variants",
+                [
+                    CaseSpec(
+                        "window=4096 ctx=16384 x32", (16384,) * 32, (1,) * 32,
+                        sliding_window=4096, **GPU,
+                    ),
+                    CaseSpec(
+                        "window=4096 ctx=16384 chunk=512 x2", (16384,) * 2, (512,) * 2,
+                        sliding_window=4096, **GPU,
+                    ),
+                    *_fp8_decode(32, (4096, 16384), **GPU),
+                ],
+            ),
+        ),
+        Workload(
             "targets",
             1,
             "targets",
@@ -265,8 +325,8 @@ def _build() -> dict[str, Workload]:
 
 
 WORKLOADS: dict[str, Workload] = _build()
-DEFAULT_WORKLOADS: tuple[str, ...] = tuple(w for w in WORKLOADS if w != "targets")
-"""The five sweeps, at CPU size about a minute; ``targets`` runs only when named."""
+DEFAULT_WORKLOADS: tuple[str, ...] = tuple(w for w in WORKLOADS if w not in ("targets", "variants"))
+"""The five sweeps, at CPU size about a minute; ``targets`` and ``variants`` run when named."""
 
 
 def list_workloads() -> list[Workload]:
