@@ -61,7 +61,8 @@ def quantized_write_problem(
             return (
                 f"{variant.kv_cache_dtype} cache: stored {name} of token {int(written[token])} "
                 f"(head {head}, dim {dim}) is {float(stored[token, head, dim]):.6g}, but "
-                f"{name} / {name[0]}_scale = {float(exact[token, head, dim]):.6g} (scale {scale:g}); "
+                f"{name} / {name[0]}_scale = {float(exact[token, head, dim]):.6g} "
+                f"(scale {scale:g}); "
                 f"{int(off.sum())} values off by more than one FP8 step"
             )
     return None

@@ -115,6 +115,11 @@ def labels(s: Scenario) -> dict[str, str]:
 VARIANT_NAMES = ("window", "soft-cap", "sinks", "alibi")
 
 
+def _has_variant(name: str) -> Callable[[str], bool]:
+    """Whether a ``variant`` label (``window+sinks``) includes ``name``."""
+    return lambda label: name in label.split("+")
+
+
 def _variant_label(s: Scenario) -> str:
     """The variants on in a step, joined by ``+`` (``plain`` when none)."""
     v = s.variant
@@ -246,9 +251,7 @@ def requirements(
     claimed = (caps.sliding_window, caps.soft_cap, caps.sinks, caps.alibi)
     for name, on in zip(VARIANT_NAMES, claimed, strict=True):
         if on:
-            wanted.append(
-                Requirement("variant", name, lambda label, n=name: n in label.split("+"))
-            )
+            wanted.append(Requirement("variant", name, _has_variant(name)))
     if sum(claimed) >= 2:
         wanted.append(Requirement("variant", "two or more at once", lambda label: "+" in label))
     wanted += [_exactly("kv_cache", d) for d in caps.kv_cache_dtypes]

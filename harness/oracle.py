@@ -24,9 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.variants import AttentionVariant
+from harness.variants import PLAIN, AttentionVariant
 
-PLAIN = AttentionVariant()
 
 @dataclass(frozen=True)
 class SequenceKV:

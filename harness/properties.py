@@ -591,7 +591,9 @@ def check_lse_matches_oracle(entry: BackendEntry, scenario: Scenario) -> None:
     backend = bound_backend(prop, entry, inputs)
     outputs, lses = [], []
     for layer in range(scenario.num_layers):
-        result = _call(prop, entry, scenario, backend.forward_with_lse, *inputs.forward_args(layer), layer)
+        result = _call(
+            prop, entry, scenario, backend.forward_with_lse, *inputs.forward_args(layer), layer
+        )
         if not isinstance(result, tuple) or len(result) != 2:
             raise fail(prop, entry, scenario, f"returned {type(result).__name__}, not (out, lse)")
         outputs.append(result[0])
@@ -601,7 +603,9 @@ def check_lse_matches_oracle(entry: BackendEntry, scenario: Scenario) -> None:
     for layer, lse in enumerate(lses):
         if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (tokens, heads):
             got = tuple(lse.shape) if isinstance(lse, torch.Tensor) else type(lse).__name__
-            raise fail(prop, entry, scenario, f"layer {layer}: lse shape {got} != {(tokens, heads)}")
+            raise fail(
+                prop, entry, scenario, f"layer {layer}: lse shape {got} != {(tokens, heads)}"
+            )
         if lse.dtype != torch.float32:
             raise fail(prop, entry, scenario, f"layer {layer}: lse dtype {lse.dtype} != float32")
         result = compare_lse(lse, inputs.reference(layer)[0], scenario.dtype)
@@ -617,7 +621,7 @@ OUT_BUFFER_FILL = float("nan")
 
 
 def check_out_buffer_is_the_result(entry: BackendEntry, scenario: Scenario, strided: bool) -> None:
-    """``forward(..., out=buf)`` returns ``buf`` itself, filled with the output, nothing else written.
+    """``forward(..., out=buf)`` returns ``buf`` itself, holding the output; nothing else written.
 
     The buffer is a view into a wider NaN-filled tensor (every other column
     when ``strided``), so a write past it, or a result left in a new tensor,

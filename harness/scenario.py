@@ -23,7 +23,7 @@ from harness.kv_pages import PagePool, PoolLayout, make_layer_caches, token_slot
 from harness.oracle import OracleOutput, SequenceKV, naive_attention, oracle_attention
 from harness.registry import BackendEntry, DPBackendConfig, instantiate_backend
 from harness.tolerance import Comparison, compare
-from harness.variants import AttentionVariant
+from harness.variants import PLAIN, AttentionVariant
 
 MAX_ROWS_SHOWN = 8
 """Rows ``Scenario.describe`` writes out; past it, the first four, the last two and a count."""
@@ -61,7 +61,7 @@ class Scenario:
     planted_keys: int = 0  # keys per sequence given a large logit (see plant_positions)
     seed: int = 0
     device: str = "cpu"
-    variant: AttentionVariant = AttentionVariant()  # window, soft-cap, sinks, ALiBi, FP8 cache
+    variant: AttentionVariant = PLAIN  # window, soft-cap, sinks, ALiBi, FP8 cache
     cache_layout: str = "NHD"  # or "HND": [pages, kv_heads, page_size, head_dim]
 
     @property
@@ -159,7 +159,9 @@ class StepInputs:
             return self.sequences[layer]
         cache = self.caches[layer]
         return [
-            None if seq is None else stored_sequence(cache, row.pages, row.seq_len, self.scenario.variant)
+            None
+            if seq is None
+            else stored_sequence(cache, row.pages, row.seq_len, self.scenario.variant)
             for seq, row in zip(self.sequences[layer], self.step.rows, strict=True)
         ]
 
@@ -323,8 +325,12 @@ def make_step_inputs(
             if cached:
                 slots = torch.tensor(token_slots(row.pages, range(cached), s.page_size))
                 write_tokens(
-                    cache, slots, k[:cached], v[:cached],
-                    k_scale=s.variant.k_scale, v_scale=s.variant.v_scale,
+                    cache,
+                    slots,
+                    k[:cached],
+                    v[:cached],
+                    k_scale=s.variant.k_scale,
+                    v_scale=s.variant.v_scale,
                 )
             rows.append(SequenceKV(k, v))
             new_k.append(k[cached:])

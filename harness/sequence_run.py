@@ -125,9 +125,9 @@ class RankSteps:
             if problem is not None:
                 raise PropertyFailure(f"{where}: {problem}")
             seqs = [
-                None if seq is None else stored_sequence(
-                    self.caches[layer], row.pages, row.seq_len, g.variant
-                )
+                None
+                if seq is None
+                else stored_sequence(self.caches[layer], row.pages, row.seq_len, g.variant)
                 for seq, row in zip(seqs, built.rows, strict=True)
             ]
         args = (query, seqs, [row.query_len for row in built.rows])

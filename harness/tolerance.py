@@ -200,14 +200,26 @@ def compare_lse(lse: torch.Tensor, oracle: OracleOutput, dtype: torch.dtype) -> 
     if bad.any():
         token, head = bad.nonzero()[0].tolist()
         return Comparison(
-            False, int(rows.sum()), int(bad.sum()), float("inf"), int(token_ids[token]), head,
-            float("nan"), float(bound[token, head]),
+            False,
+            int(rows.sum()),
+            int(bad.sum()),
+            float("inf"),
+            int(token_ids[token]),
+            head,
+            float("nan"),
+            float(bound[token, head]),
         )
     ratio = error / bound
     flat = int(ratio.argmax())
     token, head = divmod(flat, ratio.shape[1])
     worst = float(ratio[token, head])
     return Comparison(
-        worst <= 1.0, int(rows.sum()), 0, worst, int(token_ids[token]), head,
-        float(error[token, head]), float(bound[token, head]),
+        worst <= 1.0,
+        int(rows.sum()),
+        0,
+        worst,
+        int(token_ids[token]),
+        head,
+        float(error[token, head]),
+        float(bound[token, head]),
     )

@@ -52,12 +52,14 @@ CASES = (
     Case("soft-cap 30", AttentionVariant(logits_soft_cap=30.0)),
     Case("sinks", AttentionVariant(sinks=SINKS)),
     Case("alibi", AttentionVariant(alibi_slopes=alibi_slopes_for(HEADS))),
-    Case("fp8_e4m3, scales 0.3/0.05", AttentionVariant(
-        kv_cache_dtype="fp8_e4m3", k_scale=0.3, v_scale=0.05
-    )),
-    Case("window+soft-cap+sinks (gpt-oss-like)", AttentionVariant(
-        sliding_window=WINDOW, logits_soft_cap=30.0, sinks=SINKS
-    )),
+    Case(
+        "fp8_e4m3, scales 0.3/0.05",
+        AttentionVariant(kv_cache_dtype="fp8_e4m3", k_scale=0.3, v_scale=0.05),
+    ),
+    Case(
+        "window+soft-cap+sinks (gpt-oss-like)",
+        AttentionVariant(sliding_window=WINDOW, logits_soft_cap=30.0, sinks=SINKS),
+    ),
 )
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -93,8 +95,12 @@ def inputs_for(case: Case, dtype: torch.dtype, seed: int = 0) -> StepInputs:
         slots = torch.tensor(token_slots(row.pages, range(cached, row.seq_len), s.page_size))
         tokens = slice(start, start + row.query_len)
         write_tokens(
-            inputs.caches[0], slots, inputs.keys[0][tokens], inputs.values[0][tokens],
-            k_scale=s.variant.k_scale, v_scale=s.variant.v_scale,
+            inputs.caches[0],
+            slots,
+            inputs.keys[0][tokens],
+            inputs.values[0][tokens],
+            k_scale=s.variant.k_scale,
+            v_scale=s.variant.v_scale,
         )
         start += row.query_len
     return inputs

@@ -31,7 +31,8 @@ KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {
 """``kv_cache_dtype`` names and the torch dtype of the cache tensors they mean."""
 
 CACHE_LAYOUTS = ("NHD", "HND")
-"""``LayerCache.layout``: ``[pages, page_size, kv_heads, dim]`` or ``[pages, kv_heads, page_size, dim]``."""
+"""``LayerCache.layout``: NHD ``[pages, page_size, kv_heads, dim]`` or HND
+``[pages, kv_heads, page_size, dim]``."""
 
 
 def _finite_positive(name: str, value: object) -> float:
@@ -56,9 +57,7 @@ def _per_head(name: str, value: object, num_heads: int) -> tuple[float, ...] | N
     elif isinstance(value, Sequence) and not isinstance(value, str):
         values = list(value)
         if len(values) != num_heads:
-            raise ValueError(
-                f"{name} must hold num_heads={num_heads} values, got {len(values)}"
-            )
+            raise ValueError(f"{name} must hold num_heads={num_heads} values, got {len(values)}")
     else:
         raise ValueError(f"{name} must be a tensor [num_heads] or None, got {value!r}")
     if not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
@@ -174,6 +173,10 @@ class AttentionVariant:
         if self.quantized:
             words.append(f"{self.kv_cache_dtype} k_scale={self.k_scale:g} v_scale={self.v_scale:g}")
         return " ".join(words)
+
+
+PLAIN = AttentionVariant()
+"""Plain causal attention: no variant on."""
 
 
 def check_claimed(variant: AttentionVariant, caps: Any, backend: str) -> None:

@@ -53,7 +53,7 @@ class CaseSpec:
     v_scale: float = 1.0
 
     def __post_init__(self) -> None:
-        self.variant  # validates the variant fields
+        _ = self.variant  # validates the variant fields
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if len(self.context_lens) != len(self.query_lens) or not self.context_lens:
@@ -162,7 +162,7 @@ def _seeded(workload: str, cases: list[CaseSpec]) -> tuple[CaseSpec, ...]:
     )
 
 
-GPU = {"dtype": "bfloat16"}
+GPU: dict[str, Any] = {"dtype": "bfloat16"}
 
 
 def _decode(batch: int, contexts: tuple[int, ...], **kw: Any) -> list[CaseSpec]:
@@ -173,8 +173,13 @@ def _fp8_decode(batch: int, contexts: tuple[int, ...], **kw: Any) -> list[CaseSp
     """Decode from an e4m3 cache; scales put randn K/V well inside e4m3's range (448)."""
     return [
         CaseSpec(
-            f"fp8_e4m3 ctx={n} x{batch}", (n,) * batch, (1,) * batch,
-            kv_cache_dtype="fp8_e4m3", k_scale=0.05, v_scale=0.02, **kw,
+            f"fp8_e4m3 ctx={n} x{batch}",
+            (n,) * batch,
+            (1,) * batch,
+            kv_cache_dtype="fp8_e4m3",
+            k_scale=0.05,
+            v_scale=0.02,
+            **kw,
         )
         for n in contexts
     ]
@@ -297,12 +302,18 @@ def _build() -> dict[str, Workload]:
                 "variants",
                 [
                     CaseSpec(
-                        "window=4096 ctx=16384 x32", (16384,) * 32, (1,) * 32,
-                        sliding_window=4096, **GPU,
+                        "window=4096 ctx=16384 x32",
+                        (16384,) * 32,
+                        (1,) * 32,
+                        sliding_window=4096,
+                        **GPU,
                     ),
                     CaseSpec(
-                        "window=4096 ctx=16384 chunk=512 x2", (16384,) * 2, (512,) * 2,
-                        sliding_window=4096, **GPU,
+                        "window=4096 ctx=16384 chunk=512 x2",
+                        (16384,) * 2,
+                        (512,) * 2,
+                        sliding_window=4096,
+                        **GPU,
                     ),
                     *_fp8_decode(32, (4096, 16384), **GPU),
                 ],

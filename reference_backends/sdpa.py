@@ -31,7 +31,7 @@ from harness.contract import Capabilities, LayerCache
 from harness.kv_pages import pages_needed
 from harness.paged_base import PagedBackendBase, PreparedStep
 from harness.validate import CacheGeometry, CheckedMetadata
-from harness.variants import CACHE_LAYOUTS, KV_CACHE_DTYPES, AttentionVariant
+from harness.variants import CACHE_LAYOUTS, KV_CACHE_DTYPES, PLAIN, AttentionVariant
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def _build_plan(
     checked: CheckedMetadata,
     geometry: CacheGeometry,
     real: list[int],
-    variant: AttentionVariant = AttentionVariant(),
+    variant: AttentionVariant = PLAIN,
 ) -> SdpaPlan:
     """The gather indices and mask of one group of rows."""
     query_lens = checked.query_lens
@@ -107,13 +107,13 @@ def _build_plan(
     key_pos = torch.arange(max_len, device=device)
     first = (lengths - torch.tensor(qlens, device=device))[:, None]
     q_pos = first + torch.arange(max_q, device=device)[None, :]  # [B, Q]
-    windowed = variant.sliding_window is not None
-    if ragged or not dense or (checked.causal and max_q > 1) or windowed:
+    window = variant.sliding_window
+    if ragged or not dense or (checked.causal and max_q > 1) or window is not None:
         mask = (key_pos[None, :] < lengths[:, None])[:, None, :].expand(-1, max_q, -1)
         if checked.causal:
             mask = mask & (key_pos[None, None, :] <= q_pos[:, :, None])
-        if windowed:
-            mask = mask & (key_pos[None, None, :] > q_pos[:, :, None] - variant.sliding_window)
+        if window is not None:
+            mask = mask & (key_pos[None, None, :] > q_pos[:, :, None] - window)
         mask = mask.unsqueeze(1)
     bias = _additive_mask(variant, mask, key_pos, q_pos, len(real))
     return SdpaPlan(

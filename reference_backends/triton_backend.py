@@ -314,7 +314,10 @@ class TritonBackend(PagedBackendBase):
             cap * LOG2E,
             sinks,
         )
-        flags = {"SOFT_CAP": variant.logits_soft_cap is not None, "HAS_SINKS": variant.sinks is not None}
+        flags = {
+            "SOFT_CAP": variant.logits_soft_cap is not None,
+            "HAS_SINKS": variant.sinks is not None,
+        }
         items = plan.decode_rows.numel()
         if items:
             split = plan.num_splits > 1

@@ -92,10 +92,7 @@ def _attend_tile(
     if DOT_F32:
         k = k.to(tl.float32)
     dots = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-    if SOFT_CAP:
-        logits = _soft_capped(dots, cap_scale, cap_log2)
-    else:
-        logits = dots * scale_log2
+    logits = _soft_capped(dots, cap_scale, cap_log2) if SOFT_CAP else dots * scale_log2
     logits = tl.where(keep, logits, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(logits, 1))
     m_new = tl.where(m_new == float("-inf"), 0.0, m_new)

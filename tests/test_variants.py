@@ -15,7 +15,6 @@ from harness.contract import Capabilities, LayerCache
 from harness.errors import CacheBindingError, Unsupported
 from harness.kv_pages import make_layer_caches, read_tokens, write_tokens
 from harness.oracle import SequenceKV, oracle_attention
-from harness.paged_base import PagedBackendBase
 from harness.registry import default_registry
 from harness.scenario import Scenario, backend_for, make_step_inputs
 from harness.strategies import attention_variants
@@ -139,7 +138,9 @@ def test_write_then_read_round_trips_in_every_layout_and_dtype(layout, dtype):
     expect = key if dtype == torch.float32 else quantize(key, 0.5, dtype)
     assert torch.equal(got_k[[1, 2, 4]].float(), expect.float())  # slots 5, 0, 2 on pages 2, 0, 1
     if layout == "HND":
-        assert cache.key.shape == (4, 2, 2, 8) and cache.page_size == 2 and cache.num_kv_heads == 2
+        assert cache.key.shape == (4, 2, 2, 8)
+        assert cache.page_size == 2
+        assert cache.num_kv_heads == 2
 
 
 def test_fp8_write_check_catches_an_inverted_scale_and_passes_a_correct_one():
@@ -151,7 +152,9 @@ def test_fp8_write_check_catches_an_inverted_scale_and_passes_a_correct_one():
     assert quantized_write_problem(cache, slots, key, value, variant) is None
     write_tokens(cache, slots[:1], key[:1], value[:1], k_scale=4.0, v_scale=4.0)
     problem = quantized_write_problem(cache, slots, key, value, variant)
-    assert problem is not None and "key" in problem and "k_scale" in problem
+    assert problem is not None
+    assert "key" in problem
+    assert "k_scale" in problem
 
 
 def test_out_buffer_of_the_wrong_shape_is_refused_before_anything_is_written():
@@ -217,7 +220,9 @@ def _by_hand(q, seq, scale, variant, causal=True):
         AttentionVariant(logits_soft_cap=0.7),
         AttentionVariant(sinks=(2.0, -1.0)),
         AttentionVariant(alibi_slopes=(0.5, -0.25)),
-        AttentionVariant(sliding_window=4, logits_soft_cap=2.0, sinks=(0.5, 3.0), alibi_slopes=(1.0, 0.1)),
+        AttentionVariant(
+            sliding_window=4, logits_soft_cap=2.0, sinks=(0.5, 3.0), alibi_slopes=(1.0, 0.1)
+        ),
     ],
     ids=lambda v: v.describe() or "plain",
 )
@@ -249,7 +254,8 @@ def test_standard_alibi_slopes():
 def test_variants_are_drawn_only_inside_the_claim(data):
     caps = Capabilities(sliding_window=True, kv_cache_dtypes=("auto", "fp8_e5m2"))
     variant = data.draw(attention_variants(caps, 4))
-    assert variant.logits_soft_cap is None and variant.sinks is None
+    assert variant.logits_soft_cap is None
+    assert variant.sinks is None
     assert variant.alibi_slopes is None
     assert variant.kv_cache_dtype in ("auto", "fp8_e5m2")
 
