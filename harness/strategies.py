@@ -119,7 +119,7 @@ def attention_variants(
         sinks = tuple(draw(st.lists(per_head, min_size=num_heads, max_size=num_heads)))
     slopes = None
     if on(caps.alibi):
-        factor = draw(st.sampled_from((1.0, 0.25, 4.0)))
+        factor = draw(st.sampled_from((1.0, 0.25, 4.0, -1.0)))  # vLLM's tests draw randn slopes
         slopes = tuple(factor * s for s in alibi_slopes_for(num_heads))
     cache_dtype = draw(st.sampled_from(caps.kv_cache_dtypes))
     if cache_dtype == "auto":
