@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         validate_layer_caches,
         validate_metadata,
     )
+    from harness.variants import AttentionVariant
 
 _PUBLIC = {
     "AttentionBackend": "harness.contract",
@@ -65,6 +66,7 @@ _PUBLIC = {
     "validate_backend_args": "harness.validate",
     "validate_layer_caches": "harness.validate",
     "validate_metadata": "harness.validate",
+    "AttentionVariant": "harness.variants",
 }
 
 
@@ -86,6 +88,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AttentionBackend",
     "AttentionMetadata",
+    "AttentionVariant",
     "BackendLoadError",
     "CacheBindingError",
     "Capabilities",

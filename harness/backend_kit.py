@@ -22,6 +22,14 @@ Two ways to write a backend:
 ``take_rows`` / ``put_rows`` read and write flattened cache rows (``page *
 page_size + offset``, local to the bound tensors) on any strided cache view.
 
+Attention variants: the base's constructor takes every variant keyword,
+checks it (``AttentionVariant.from_kwargs``) into ``self.variant`` and
+raises ``Unsupported`` for one the class does not claim in
+``capabilities()``. Read ``cache.key_nhd`` / ``value_nhd`` to serve an HND
+cache; ``self.sequences`` dequantizes an FP8 cache (``dequantize``);
+``forward(..., out=)`` is handled here; claim ``lse`` and implement
+``attend_with_lse`` for ``forward_with_lse``.
+
 Cache memory outside the sequences is unspecified; the conformance suite
 fills it with NaN, so a kernel that reads past a sequence's end returns NaN.
 
@@ -44,15 +52,19 @@ from harness.validate import (
     validate_layer_caches,
     validate_metadata,
 )
+from harness.variants import AttentionVariant, dequantize, quantize
 
 __all__ = [
+    "AttentionVariant",
     "CacheGeometry",
     "CheckedMetadata",
     "PagedBackendBase",
     "PreparedStep",
     "check_rank_is_bound",
     "check_rank_ownership",
+    "dequantize",
     "put_rows",
+    "quantize",
     "read_metadata",
     "take_rows",
     "validate_backend_args",
