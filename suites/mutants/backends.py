@@ -351,6 +351,7 @@ from suites.mutants.variants import (  # noqa: E402, F401
     HndReadAsNhd,
     IgnoresSinks,
     LseInLog2,
+    NonPositiveWindowMeansNone,
     OutBufferIgnored,
     SoftCapBeforeScale,
     WindowOffByOne,

@@ -8,6 +8,7 @@ where its variant is on.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -29,6 +30,15 @@ class WindowOffByOne(ReferenceBackend):
         query_pos = torch.arange(length - query_len, length, device=device)[:, None]
         key_pos = torch.arange(length, device=device)[None, :]
         return visible | ((key_pos == query_pos - window) & (key_pos >= 0))
+
+
+class NonPositiveWindowMeansNone(ReferenceBackend):
+    """Takes a window below 1 as "no window" (as -1 is in some engines) instead of refusing it."""
+
+    def __init__(self, *, sliding_window: int | None = None, **kwargs: Any) -> None:
+        if sliding_window is not None and sliding_window < 1:
+            sliding_window = None
+        super().__init__(sliding_window=sliding_window, **kwargs)
 
 
 class WindowOnlyInPrefill(ReferenceBackend):
@@ -133,6 +143,7 @@ class OutBufferIgnored(ReferenceBackend):
 
 VARIANT_MUTANTS: tuple[type, ...] = (
     WindowOffByOne,
+    NonPositiveWindowMeansNone,
     WindowOnlyInPrefill,
     SoftCapBeforeScale,
     IgnoresSinks,
