@@ -140,13 +140,25 @@ def compare(
         )
     error = _norm_error(output, oracle.output)[rows]
     bound = error_bound(oracle, _norm_error(naive, oracle.output), dtype)[rows]
+    return _verdict(error, bound, output.detach().cpu()[rows], rows)
+
+
+def _verdict(
+    error: torch.Tensor, bound: torch.Tensor, values: torch.Tensor, rows: torch.Tensor
+) -> Comparison:
+    """The worst (token, head) of ``error / bound`` over the checked ``rows``.
+
+    ``values`` are the backend's checked values (``[N, H, ...]``): any
+    non-finite one fails at once, naming the first.
+    """
     token_ids = rows.nonzero().flatten()
     if error.numel() == 0:
         return Comparison(False, 0, 0, float("nan"), -1, -1, float("nan"), float("nan"))
-    finite = torch.isfinite(output.detach().cpu()[rows]).all(-1)
-    nonfinite = int((~torch.isfinite(output.detach().cpu()[rows])).sum())
+    bad = ~torch.isfinite(values)
+    nonfinite = int(bad.sum())
     if nonfinite:
-        token, head = (~finite).nonzero()[0].tolist()
+        per_head = bad.flatten(2).any(-1) if bad.dim() > 2 else bad
+        token, head = per_head.nonzero()[0].tolist()
         return Comparison(
             False,
             int(rows.sum()),
@@ -193,33 +205,4 @@ def compare_lse(lse: torch.Tensor, oracle: OracleOutput, dtype: torch.dtype) -> 
     got = lse.detach().to("cpu", torch.float64)[rows]
     error = (got - oracle.lse[rows]).abs()
     bound = lse_bound(oracle, dtype, oracle.output.shape[-1])[rows]
-    token_ids = rows.nonzero().flatten()
-    if error.numel() == 0:
-        return Comparison(False, 0, 0, float("nan"), -1, -1, float("nan"), float("nan"))
-    bad = ~torch.isfinite(got)
-    if bad.any():
-        token, head = bad.nonzero()[0].tolist()
-        return Comparison(
-            False,
-            int(rows.sum()),
-            int(bad.sum()),
-            float("inf"),
-            int(token_ids[token]),
-            head,
-            float("nan"),
-            float(bound[token, head]),
-        )
-    ratio = error / bound
-    flat = int(ratio.argmax())
-    token, head = divmod(flat, ratio.shape[1])
-    worst = float(ratio[token, head])
-    return Comparison(
-        worst <= 1.0,
-        int(rows.sum()),
-        0,
-        worst,
-        int(token_ids[token]),
-        head,
-        float(error[token, head]),
-        float(bound[token, head]),
-    )
+    return _verdict(error, bound, got, rows)
