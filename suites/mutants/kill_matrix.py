@@ -158,7 +158,7 @@ def main() -> int:
     specs = [*BUILTINS, *mutant_specs()]
     print(
         f"running the {args.profile} profile over {len(specs)} backends in one pytest process "
-        "(kill: about 11 minutes on 2 cores; the matrix prints at the end)",
+        "(kill: about 7 minutes on 2 cores; the matrix prints at the end)",
         flush=True,
     )
     started = time.perf_counter()
