@@ -1,6 +1,6 @@
 """Run the conformance suite against every planted bug and say which properties caught it.
 
-    python -m suites.mutants.kill_matrix [--profile kill|ci|thorough]
+    python -m suites.mutants.kill_matrix [--profile kill|ci|thorough] [--mutants all|variants]
 
 It prints the matrix (mutants down, tests across), then for each test the
 mutants only it catches, or a note naming the test that subsumes it.
@@ -28,14 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.conform import pytest_arguments
-from suites.mutants.backends import MUTANTS
+from suites.mutants.backends import MUTANTS, VARIANT_MUTANTS
 
 BUILTINS = ("reference", "sdpa")
 
 
-def mutant_specs() -> list[str]:
+def mutant_specs(catalogue: tuple[type, ...] = MUTANTS) -> list[str]:
     """Each mutant as ``module:Class`` of the module that defines it."""
-    return [f"{cls.__module__}:{cls.__name__}" for cls in MUTANTS]
+    return [f"{cls.__module__}:{cls.__name__}" for cls in catalogue]
 
 
 @dataclass(frozen=True)
@@ -154,8 +154,15 @@ def _short(spec: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="kill", choices=("kill", "ci", "thorough"))
+    parser.add_argument(
+        "--mutants",
+        default="all",
+        choices=("all", "variants"),
+        help="every planted bug, or only the attention variants' (default: all)",
+    )
     args = parser.parse_args()
-    specs = [*BUILTINS, *mutant_specs()]
+    planted = mutant_specs(VARIANT_MUTANTS if args.mutants == "variants" else MUTANTS)
+    specs = [*BUILTINS, *planted]
     print(
         f"running the {args.profile} profile over {len(specs)} backends in one pytest process "
         "(kill: about 7 minutes on 2 cores; the matrix prints at the end)",
@@ -166,12 +173,12 @@ def main() -> int:
     print(f"ran in {time.perf_counter() - started:.0f} s\n")
     tests = sorted({t for v in verdicts.values() for t in v.outcomes})
     print_matrix(verdicts, tests)
-    only = exclusive_catches(verdicts, mutant_specs())
+    only = exclusive_catches(verdicts, planted)
     print("\ncaught by this test alone:")
     for test in tests:
         mine = ", ".join(_short(s) for s in only.get(test, []))
         print(f"  {test}: {mine or 'none; ' + SUBSUMED.get(test, 'NO NOTE: a gap to explain')}")
-    mutants = [verdicts[s] for s in mutant_specs()]
+    mutants = [verdicts[s] for s in planted]
     killed = sum(v.caught for v in mutants)
     clean = all(not verdicts[b].caught for b in BUILTINS)
     survivors = [_short(v.backend) for v in mutants if not v.caught]
