@@ -38,7 +38,7 @@ def _cell(value: object) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, list):
-        return ",".join(str(v) for v in value)
+        return ",".join(str(v) for v in value) or "-"
     return str(value)
 
 
@@ -60,7 +60,24 @@ def _describe(entry: BackendEntry) -> dict[str, object]:
         "graph_mode": caps.graph_mode,
         "non_causal": caps.non_causal,
         "max_dp_size": _any(caps.max_dp_size),
+        "variants": _variants(caps),
     }
+
+
+def _variants(caps: Any) -> list[str]:
+    """The attention variants and optional outputs a claim includes, in short words."""
+    flags = {
+        "window": caps.sliding_window,
+        "soft-cap": caps.soft_cap,
+        "sinks": caps.sinks,
+        "alibi": caps.alibi,
+        "out=": caps.out_buffer,
+        "lse": caps.lse,
+    }
+    words = [word for word, on in flags.items() if on]
+    words += [d for d in caps.kv_cache_dtypes if d != "auto"]
+    words += [layout for layout in caps.cache_layouts if layout != "NHD"]
+    return words
 
 
 def _resolve_all(specs: Sequence[str]) -> list[BackendEntry]:
@@ -93,6 +110,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         "graph",
         "non-causal",
         "max dp",
+        "variants",
     ]
     keys = [
         "name",
@@ -106,6 +124,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         "graph_mode",
         "non_causal",
         "max_dp_size",
+        "variants",
     ]
     rows = [header] + [[_cell(d[k]) for k in keys] for d in described]
     print("\n".join(aligned(rows)))
