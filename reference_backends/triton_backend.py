@@ -36,6 +36,7 @@ from harness.errors import Unsupported
 from harness.paged_base import PagedBackendBase, PreparedStep
 from harness.triton_mode import interpret_triton_here, triton_interprets
 from harness.validate import CacheGeometry, CheckedMetadata
+from harness.variants import CACHE_LAYOUTS
 
 LOG2E = 1.4426950408889634
 NO_WINDOW = 2**30  # a window no sequence reaches: the kernels' "no sliding window"
@@ -145,6 +146,7 @@ class TritonBackend(PagedBackendBase):
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
         sinks: torch.Tensor | None = None,
+        alibi_slopes: torch.Tensor | None = None,
     ) -> None:
         super().__init__(
             num_heads=num_heads,
@@ -157,6 +159,7 @@ class TritonBackend(PagedBackendBase):
             sliding_window=sliding_window,
             logits_soft_cap=logits_soft_cap,
             sinks=sinks,
+            alibi_slopes=alibi_slopes,
         )
         if not _triton_available():
             raise Unsupported(
@@ -180,6 +183,8 @@ class TritonBackend(PagedBackendBase):
             sliding_window=True,
             soft_cap=True,
             sinks=True,
+            alibi=True,
+            cache_layouts=CACHE_LAYOUTS,  # the kernels take the cache's strides: HND is a view
             out_buffer=True,
         )
 
@@ -278,13 +283,18 @@ class TritonBackend(PagedBackendBase):
         programs = 4 * torch.cuda.get_device_properties(device).multi_processor_count
         return max(1, min(most, math.ceil(programs / max(1, items * self.num_kv_heads))))
 
-    def _sinks(self, device: torch.device) -> torch.Tensor:
-        """The sinks as float32 on ``device``, made once per device."""
-        cached: dict[torch.device, torch.Tensor] = self.__dict__.setdefault("_sink_tensors", {})
-        if device not in cached:
-            values = self.variant.sinks or (0.0,)
-            cached[device] = torch.tensor(values, dtype=torch.float32, device=device)
-        return cached[device]
+    def _per_head(self, which: str, device: torch.device) -> torch.Tensor:
+        """The variant's ``sinks`` or ``alibi_slopes`` as float32 on ``device``, made once.
+
+        A one-element dummy when the variant has none (the kernels take a pointer anyway).
+        """
+        cached: dict[tuple[str, torch.device], torch.Tensor] = self.__dict__.setdefault(
+            "_per_head_tensors", {}
+        )
+        if (which, device) not in cached:
+            values = getattr(self.variant, which) or (0.0,)
+            cached[which, device] = torch.tensor(values, dtype=torch.float32, device=device)
+        return cached[which, device]
 
     # -- forward: launches only ---------------------------------------------
 
@@ -296,11 +306,11 @@ class TritonBackend(PagedBackendBase):
         precision = "ieee" if query.dtype == torch.float32 else "tf32"
         make = torch.empty if plan.all_tokens_covered else torch.zeros
         out = make(query.shape, dtype=query.dtype, device=query.device)
-        key, value = cache.key, cache.value
+        key, value = cache.key_nhd, cache.value_nhd  # an HND cache as an NHD view: strides differ
         scale_log2 = self.scale * LOG2E  # the kernels use exp2
         variant = self.variant
         cap = variant.logits_soft_cap or 1.0
-        sinks = self._sinks(query.device)  # a one-element dummy when there are none
+        sinks = self._per_head("sinks", query.device)
         common = (
             *query.stride(),
             *key.stride(),
@@ -313,10 +323,12 @@ class TritonBackend(PagedBackendBase):
             self.scale / cap,  # the soft-cap's tanh argument per unit of q.k
             cap * LOG2E,
             sinks,
+            self._per_head("alibi_slopes", query.device),
         )
         flags = {
             "SOFT_CAP": variant.logits_soft_cap is not None,
             "HAS_SINKS": variant.sinks is not None,
+            "HAS_ALIBI": variant.alibi_slopes is not None,
         }
         items = plan.decode_rows.numel()
         if items:

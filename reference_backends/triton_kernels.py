@@ -22,7 +22,8 @@ interpreter, whose bf16 ``tl.dot`` is wrong.
 Variants: a sliding window starts each key loop at the window's first key
 and masks per query (``window`` is 2**30 when there is none); a soft-cap
 (``SOFT_CAP``) maps each fp32 logit through ``cap * tanh(x / cap)`` before
-the online softmax; sinks (``HAS_SINKS``) join the softmax's denominator
+the online softmax, and ALiBi (``HAS_ALIBI``) then adds
+``slope_h * (key_pos - query_pos)`` (log2 units, like the logits); sinks (``HAS_SINKS``) join the softmax's denominator
 where the output is normalised: in the decode kernel without splits, in
 the split merge, and in the prefill kernel.
 """
@@ -80,7 +81,9 @@ def _attend_tile(
     scale_log2,
     cap_scale,
     cap_log2,
+    bias,
     SOFT_CAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
     DOT_F32: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
@@ -92,7 +95,12 @@ def _attend_tile(
     if DOT_F32:
         k = k.to(tl.float32)
     dots = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-    logits = _soft_capped(dots, cap_scale, cap_log2) if SOFT_CAP else dots * scale_log2
+    if SOFT_CAP:
+        logits = _soft_capped(dots, cap_scale, cap_log2)
+    else:
+        logits = dots * scale_log2
+    if HAS_ALIBI:  # after the cap, as the contract orders them
+        logits = logits + bias
     logits = tl.where(keep, logits, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(logits, 1))
     m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -140,11 +148,13 @@ def decode_split_kernel(
     cap_scale,
     cap_log2,
     sinks_ptr,
+    alibi_ptr,
     split_len,
     num_splits,
     num_heads,
     SOFT_CAP: tl.constexpr,
     HAS_SINKS: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -184,6 +194,7 @@ def decode_split_kernel(
     )
     if DOT_F32:
         q = q.to(tl.float32)
+    slopes = tl.load(alibi_ptr + head, mask=mask_h & HAS_ALIBI, other=0.0) * 1.4426950408889634
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -202,9 +213,10 @@ def decode_split_kernel(
             v_ptr, page, in_page, kv_head, stride_vp, stride_vs, stride_vh, stride_vd, offs_d,
             load_mask,
         )  # fmt: skip
+        bias = slopes[:, None] * (pos - (seq_len - 1)).to(tl.float32)[None, :]
         m_i, l_i, acc = _attend_tile(
-            q, k, v, m_i, l_i, acc, valid[None, :], scale_log2, cap_scale, cap_log2,
-            SOFT_CAP, DOT_F32, PRECISION,
+            q, k, v, m_i, l_i, acc, valid[None, :], scale_log2, cap_scale, cap_log2, bias,
+            SOFT_CAP, HAS_ALIBI, DOT_F32, PRECISION,
         )  # fmt: skip
 
     has_keys = l_i > 0.0
@@ -313,8 +325,10 @@ def prefill_kernel(
     cap_scale,
     cap_log2,
     sinks_ptr,
+    alibi_ptr,
     SOFT_CAP: tl.constexpr,
     HAS_SINKS: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -357,6 +371,7 @@ def prefill_kernel(
     )
     if DOT_F32:
         q = q.to(tl.float32)
+    slopes = tl.load(alibi_ptr + head, mask=mask_m & HAS_ALIBI, other=0.0) * 1.4426950408889634
 
     if CAUSAL:
         key_end = tl.minimum(seq_len, seq_len - query_len + first + BLOCK_M // GROUP_PAD)
@@ -383,9 +398,10 @@ def prefill_kernel(
         keep = valid[None, :] & (pos[None, :] > q_pos[:, None] - window)
         if CAUSAL:
             keep = keep & (pos[None, :] <= q_pos[:, None])
+        bias = slopes[:, None] * (pos[None, :] - q_pos[:, None]).to(tl.float32)
         m_i, l_i, acc = _attend_tile(
-            q, k, v, m_i, l_i, acc, keep, scale_log2, cap_scale, cap_log2,
-            SOFT_CAP, DOT_F32, PRECISION,
+            q, k, v, m_i, l_i, acc, keep, scale_log2, cap_scale, cap_log2, bias,
+            SOFT_CAP, HAS_ALIBI, DOT_F32, PRECISION,
         )  # fmt: skip
 
     result = _sink_normalised(acc, m_i, l_i, sinks_ptr, head, mask_m, HAS_SINKS)
