@@ -23,9 +23,10 @@ Variants: a sliding window starts each key loop at the window's first key
 and masks per query (``window`` is 2**30 when there is none); a soft-cap
 (``SOFT_CAP``) maps each fp32 logit through ``cap * tanh(x / cap)`` before
 the online softmax, and ALiBi (``HAS_ALIBI``) then adds
-``slope_h * (key_pos - query_pos)`` (log2 units, like the logits); sinks (``HAS_SINKS``) join the softmax's denominator
-where the output is normalised: in the decode kernel without splits, in
-the split merge, and in the prefill kernel.
+``slope_h * (key_pos - query_pos)`` (log2 units, like the logits); sinks
+(``HAS_SINKS``) join the softmax's denominator where the output is
+normalised: in the decode kernel without splits, in the split merge, and in
+the prefill kernel.
 """
 
 # No ``from __future__ import annotations``: triton reads the ``tl.constexpr`` annotations.
@@ -95,7 +96,7 @@ def _attend_tile(
     if DOT_F32:
         k = k.to(tl.float32)
     dots = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-    if SOFT_CAP:
+    if SOFT_CAP:  # noqa: SIM108 (a static branch on a constexpr, as every flag here)
         logits = _soft_capped(dots, cap_scale, cap_log2)
     else:
         logits = dots * scale_log2
