@@ -19,6 +19,7 @@ import torch
 from harness import DPBackendConfig, PoolLayout, Unsupported, create_attention_backend
 from harness.kv_pages import make_layer_caches
 from harness.scenario import Scenario, check_outputs, run_scenario
+from harness.variants import AttentionVariant
 from reference_backends.triton_backend import MIN_SPLIT_KEYS, TritonBackend
 
 pytestmark = pytest.mark.skipif(
@@ -34,7 +35,7 @@ def make(s: Scenario, **kwargs) -> TritonBackend:
         head_dim=s.head_dim,
         scale=s.softmax_scale,
         dp_config=DPBackendConfig(s.dp_size, s.dp_rank),
-        **kwargs,
+        **(s.variant.constructor_kwargs(s.device) | kwargs),
     )
     assert isinstance(backend, TritonBackend)
     return backend
@@ -182,3 +183,41 @@ def test_without_the_triton_package_it_claims_no_device_and_says_what_to_install
     assert TritonBackend.capabilities().devices == ()
     with pytest.raises(Unsupported, match=r"attn-harness\[triton\]"):
         make(Scenario())
+
+
+GPT_OSS_LIKE = AttentionVariant(
+    sliding_window=7, logits_soft_cap=2.0, sinks=(1.0, -1.0, 0.5, 6.0), alibi_slopes=None
+)
+VARIANTS = {
+    "window": AttentionVariant(sliding_window=5),
+    "soft-cap": AttentionVariant(logits_soft_cap=3.0),
+    "sinks": AttentionVariant(sinks=(0.5, -1.0, 6.0, 0.0)),
+    "alibi": AttentionVariant(alibi_slopes=(0.5, 0.25, -0.1, 0.0)),
+    "window+soft-cap+sinks": GPT_OSS_LIKE,
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize(
+    ("contexts", "queries", "layout"),
+    [((300, 20), (1, 20), "NHD"), ((600,), (1,), "HND"), ((9, 12), (9, 4), "HND")],
+    ids=["split-decode+prefill", "split-decode-hnd", "prefill+extend-hnd"],
+)
+def test_variants_match_the_oracle(name, contexts, queries, layout):
+    """Window, soft-cap, sinks and ALiBi in the decode kernel, its split merge and prefill."""
+    scenario = Scenario(
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        page_size=4,
+        total_pages=300,
+        num_layers=1,
+        context_lens=contexts,
+        query_lens=queries,
+        dtype=torch.float16,
+        planted_keys=2,
+        variant=VARIANTS[name],
+        cache_layout=layout,
+        combined_kv=layout == "HND",
+    )
+    assert_matches_oracle(scenario)
