@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
+from harness.batches import StepRow
 from harness.contract import LayerCache
 from harness.kv_pages import local_slots, read_tokens, take_rows
 from harness.oracle import SequenceKV
@@ -29,6 +30,19 @@ def stored_sequence(
     if variant.quantized:
         key, value = dequantize(key, variant.k_scale), dequantize(value, variant.v_scale)
     return SequenceKV(key, value)
+
+
+def stored_sequences(
+    cache: LayerCache,
+    rows: Sequence[StepRow],
+    sequences: Sequence[SequenceKV | None],
+    variant: AttentionVariant,
+) -> list[SequenceKV | None]:
+    """``sequences`` with each real row's K/V replaced by what the cache holds for it."""
+    return [
+        None if seq is None else stored_sequence(cache, row.pages, row.seq_len, variant)
+        for seq, row in zip(sequences, rows, strict=True)
+    ]
 
 
 def quantized_write_problem(

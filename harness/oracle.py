@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -67,7 +68,7 @@ class OracleOutput:
         return self.output.norm(dim=-1)
 
 
-def _visible_mask(
+def visible_mask(
     query_len: int, seq_len: int, causal: bool, window: int | None = None
 ) -> torch.Tensor:
     """``[q, L]`` mask: query j sits at position ``L - q + j`` (bottom-right causal).
@@ -169,7 +170,7 @@ def _grouped_rows(
         k = seq.key.detach().to("cpu", dtype).transpose(0, 1)
         v = seq.value.detach().to("cpu", dtype).transpose(0, 1)
         q = _grouped_queries(query[tokens].detach().to("cpu", dtype), k.shape[0])
-        visible = _visible_mask(q_len, seq.length, causal, window)
+        visible = visible_mask(q_len, seq.length, causal, window)
         hidden = ~visible.repeat(q.shape[1] // q_len, 1)
         yield _GroupedRow(tokens, q_len, q, k, v, hidden)
     if start != query.shape[0]:
@@ -248,3 +249,20 @@ def naive_attention(
         result = probs.to(dtype).float() @ row.v.float()
         out[row.tokens] = _ungrouped(result, row.q_len).to(dtype)
     return out
+
+
+def references(
+    query: torch.Tensor,
+    sequences: Sequence[SequenceKV | None],
+    query_lens: Sequence[int],
+    *,
+    scale: float,
+    causal: bool = True,
+    variant: AttentionVariant = PLAIN,
+) -> tuple[OracleOutput, torch.Tensor]:
+    """The oracle and the naive same-dtype output: what ``harness.tolerance.compare`` takes."""
+    options: dict[str, Any] = {"scale": scale, "causal": causal, "variant": variant}
+    return (
+        oracle_attention(query, sequences, query_lens, **options),
+        naive_attention(query, sequences, query_lens, **options),
+    )

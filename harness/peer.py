@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
+from harness.oracle import visible_mask
 from harness.scenario import StepInputs
 from harness.variants import dequantize, quantize
 
@@ -85,7 +86,8 @@ class ContiguousPeer:
                 causal_lower_right(q, length) if causal and q < length else None
             )
             if variant.sliding_window is not None:
-                mask = _window_mask(q, length, s.causal, variant.sliding_window, query.device)
+                window = variant.sliding_window
+                mask = visible_mask(q, length, s.causal, window).to(query.device)
                 causal = False
             tokens = [b + j for _, b in members for j in range(q)]
             self.groups.append(
@@ -120,13 +122,3 @@ class ContiguousPeer:
         for group, result in zip(self.groups, outputs, strict=True):
             out[group.tokens] = result.transpose(1, 2).reshape(-1, *self.shape[1:])
         return out
-
-
-def _window_mask(
-    query_len: int, length: int, causal: bool, window: int, device: torch.device
-) -> torch.Tensor:
-    """``[q, L]`` True where query j (at ``L - q + j``) sees a key: causal and windowed."""
-    query_pos = torch.arange(length - query_len, length, device=device)[:, None]
-    key_pos = torch.arange(length, device=device)[None, :]
-    visible = key_pos > query_pos - window
-    return visible & (key_pos <= query_pos) if causal else visible

@@ -17,10 +17,10 @@ from typing import Any
 import torch
 
 from harness.batches import BatchBuilder, Step
-from harness.cache_readback import quantized_write_problem, stored_sequence
+from harness.cache_readback import quantized_write_problem, stored_sequences
 from harness.contract import AttentionBackend, LayerCache
 from harness.kv_pages import PagePool, PoolLayout, make_layer_caches, token_slots, write_tokens
-from harness.oracle import OracleOutput, SequenceKV, naive_attention, oracle_attention
+from harness.oracle import OracleOutput, SequenceKV, references
 from harness.registry import BackendEntry, DPBackendConfig, instantiate_backend
 from harness.tolerance import Comparison, compare
 from harness.variants import PLAIN, AttentionVariant
@@ -142,11 +142,14 @@ class StepInputs:
         if layer not in self._references:
             s = self.scenario
             query_lens = [row.query_len for row in self.step.rows]
-            args = (self.queries[layer], self.oracle_sequences(layer), query_lens)
-            options = dict(scale=s.softmax_scale, causal=s.causal, variant=s.variant)
-            exact = oracle_attention(*args, **options)  # type: ignore[arg-type]
-            naive = naive_attention(*args, **options)  # type: ignore[arg-type]
-            self._references[layer] = (exact, naive)
+            self._references[layer] = references(
+                self.queries[layer],
+                self.oracle_sequences(layer),
+                query_lens,
+                scale=s.softmax_scale,
+                causal=s.causal,
+                variant=s.variant,
+            )
         return self._references[layer]
 
     def forget_references(self) -> None:
@@ -157,13 +160,9 @@ class StepInputs:
         """Each row's K/V as the backend reads them: the inputs, or for FP8 the stored values."""
         if not self.scenario.variant.quantized:
             return self.sequences[layer]
-        cache = self.caches[layer]
-        return [
-            None
-            if seq is None
-            else stored_sequence(cache, row.pages, row.seq_len, self.scenario.variant)
-            for seq, row in zip(self.sequences[layer], self.step.rows, strict=True)
-        ]
+        return stored_sequences(
+            self.caches[layer], self.step.rows, self.sequences[layer], self.scenario.variant
+        )
 
     def write_problem(self, layer: int) -> str | None:
         """For an FP8 cache, why this layer's stored new K/V are not the inputs quantized."""

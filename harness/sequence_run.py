@@ -17,11 +17,11 @@ from typing import Any
 import torch
 
 from harness.batches import BatchBuilder, Step
-from harness.cache_readback import quantized_write_problem, stored_sequence
+from harness.cache_readback import quantized_write_problem, stored_sequences
 from harness.canary import changed_slots, snapshot
 from harness.contract import LayerCache
 from harness.errors import PropertyFailure
-from harness.oracle import SequenceKV, naive_attention, oracle_attention
+from harness.oracle import SequenceKV, references
 from harness.scenario import Scenario, fit_fp8
 from harness.tolerance import compare
 
@@ -124,16 +124,15 @@ class RankSteps:
             )
             if problem is not None:
                 raise PropertyFailure(f"{where}: {problem}")
-            seqs = [
-                None
-                if seq is None
-                else stored_sequence(self.caches[layer], row.pages, row.seq_len, g.variant)
-                for seq, row in zip(seqs, built.rows, strict=True)
-            ]
-        args = (query, seqs, [row.query_len for row in built.rows])
-        options = dict(scale=g.softmax_scale, causal=g.causal, variant=g.variant)
-        exact = oracle_attention(*args, **options)  # type: ignore[arg-type]
-        naive = naive_attention(*args, **options)  # type: ignore[arg-type]
+            seqs = stored_sequences(self.caches[layer], built.rows, seqs, g.variant)
+        exact, naive = references(
+            query,
+            seqs,
+            [row.query_len for row in built.rows],
+            scale=g.softmax_scale,
+            causal=g.causal,
+            variant=g.variant,
+        )
         result = compare(out, exact, naive, g.dtype)
         if not result.passed:
             raise PropertyFailure(f"{where}: output vs oracle: {result.describe()}")

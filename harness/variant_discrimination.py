@@ -21,10 +21,17 @@ import torch
 
 from harness.discrimination import BLOCK, SPLIT
 from harness.errors import Unsupported
-from harness.kv_pages import pages_needed, token_slots, write_tokens
+from harness.kv_pages import pages_needed
 from harness.oracle import SequenceKV
 from harness.registry import default_registry
-from harness.scenario import Scenario, StepInputs, backend_for, check_outputs, make_step_inputs
+from harness.scenario import (
+    Scenario,
+    StepInputs,
+    backend_for,
+    check_outputs,
+    make_step_inputs,
+    store_step_tokens,
+)
 from harness.variants import AttentionVariant, alibi_slopes_for
 
 Attention = Callable[[StepInputs], torch.Tensor]
@@ -89,20 +96,7 @@ def inputs_for(case: Case, dtype: torch.dtype, seed: int = 0) -> StepInputs:
     oracle reads the cache, so the new tokens must be in it.
     """
     inputs = make_step_inputs(scenario_for(case, dtype, seed))
-    s, start = inputs.scenario, 0
-    for row in inputs.step.rows:
-        cached = row.seq_len - row.query_len
-        slots = torch.tensor(token_slots(row.pages, range(cached, row.seq_len), s.page_size))
-        tokens = slice(start, start + row.query_len)
-        write_tokens(
-            inputs.caches[0],
-            slots,
-            inputs.keys[0][tokens],
-            inputs.values[0][tokens],
-            k_scale=s.variant.k_scale,
-            v_scale=s.variant.v_scale,
-        )
-        start += row.query_len
+    store_step_tokens(inputs)
     return inputs
 
 

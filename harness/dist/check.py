@@ -20,7 +20,7 @@ from harness.contract import LayerCache
 from harness.dist.coordination import pad_step
 from harness.dist.schedule import DistSetup, RankSchedule, RankStep, rank_caches
 from harness.kv_pages import PoolLayout
-from harness.oracle import naive_attention, oracle_attention
+from harness.oracle import references
 from harness.tolerance import compare, error_bound
 
 
@@ -115,8 +115,7 @@ class GroupChecker:
         for layer, (out, twin) in enumerate(zip(outputs, shared_out, strict=True)):
             query_lens = rank_step.query_lens
             args = (rank_step.queries[layer], rank_step.sequences[layer], query_lens)
-            exact = oracle_attention(*args, scale=s.scale, causal=True)
-            naive = naive_attention(*args, scale=s.scale, causal=True)
+            exact, naive = references(*args, scale=s.scale, causal=True)
             full = _unpadded(out, exact.output.shape, rank_step.real_tokens)
             if full is None:
                 verdict.problem = verdict.problem or (
