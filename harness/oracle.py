@@ -52,6 +52,8 @@ class OracleOutput:
       of the output error when every probability ``p_j`` is rounded on its
       own (small when attention is spread over many keys, ``~||v||`` when it
       falls on one);
+    * ``visible_keys``: how many keys the token attends to, the length of
+      the sums (P.V and the softmax's denominator) a kernel accumulates;
     * ``checked`` marks tokens of real (non-padding) rows.
     """
 
@@ -61,6 +63,7 @@ class OracleOutput:
     rounding_scale: torch.Tensor
     checked: torch.Tensor
     lse: torch.Tensor | None = None  # [T, H]: ln of the softmax's denominator (sink included)
+    visible_keys: torch.Tensor | None = None  # [T, H] float64; None: counted as one key
 
     @property
     def output_norm(self) -> torch.Tensor:
@@ -197,6 +200,7 @@ def oracle_attention(
     logit_scale = torch.zeros(num_tokens, num_heads, dtype=torch.float64)
     rounding_scale = torch.zeros(num_tokens, num_heads, dtype=torch.float64)
     lse = torch.zeros(num_tokens, num_heads, dtype=torch.float64)
+    visible_keys = torch.zeros(num_tokens, num_heads, dtype=torch.float64)
     checked = torch.zeros(num_tokens, dtype=torch.bool)
     rows_of = _grouped_rows(
         query, sequences, query_lens, causal, torch.float64, variant.sliding_window
@@ -220,8 +224,9 @@ def oracle_attention(
         rounding_scale[rows] = _ungrouped(
             (probs.square() @ norms.square().mT).sqrt()[..., 0], q_len
         )
+        visible_keys[rows] = _ungrouped((~hidden).sum(-1).double().expand(k.shape[0], -1), q_len)
         checked[rows] = True
-    return OracleOutput(out, value_scale, logit_scale, rounding_scale, checked, lse)
+    return OracleOutput(out, value_scale, logit_scale, rounding_scale, checked, lse, visible_keys)
 
 
 def naive_attention(

@@ -59,6 +59,7 @@ class Scenario:
     combined_kv: bool = False  # caches are the halves of one [pages, 2, page, KV, D] per layer
     magnitude: float = 1.0  # scales q and k: large values give large logits
     planted_keys: int = 0  # keys per sequence given a large logit (see plant_positions)
+    logit_offsets: tuple[float, ...] = ()  # per sequence: every logit of its rows moved by it
     seed: int = 0
     device: str = "cpu"
     variant: AttentionVariant = PLAIN  # window, soft-cap, sinks, ALiBi, FP8 cache
@@ -102,6 +103,8 @@ class Scenario:
         ]
         if self.shared_prefix:
             extras.append(f"shared_prefix={self.shared_prefix}")
+        if any(self.logit_offsets):
+            extras.append("logit_offsets=" + ",".join(f"{o:g}" for o in self.logit_offsets))
         if self.cache_layout != "NHD":
             extras.append(self.cache_layout)
         if not self.variant.is_plain:
@@ -315,6 +318,8 @@ def make_step_inputs(
                 continue
             own = shared_tokens if index > 0 else 0
             directions.append(_plant(k, s, range(own, row.seq_len), planting))
+            if any(s.logit_offsets):  # after planting: every key shares this component
+                k[..., -1] = offset_key_component(s)
             k = fit_fp8(k, s.variant.k_scale, s.variant)
             first = rows[0] if rows else None
             if index > 0 and shared_tokens and first is not None:  # the shared pages' tokens
@@ -341,6 +346,8 @@ def make_step_inputs(
                 tokens = query[start : start + row.query_len]
                 tokens += (direction * _query_lean(s)).to(query.dtype)
             start += row.query_len
+        if any(s.logit_offsets):
+            _offset_queries(s, step, query)
         inputs.sequences.append(rows)
         inputs.keys.append(torch.cat(new_k))
         inputs.values.append(torch.cat(new_v))
@@ -384,6 +391,41 @@ def _plant(
     for index in chosen.tolist():
         key[positions[index]] += (direction * lift).to(key.dtype)
     return direction
+
+
+def offset_key_component(s: Scenario) -> float:
+    """The last head-dim component every key of an offset scenario holds (see ``_offset_logits``).
+
+    ``sqrt`` of the largest raw offset, so query and key share the magnitude;
+    an FP8 cache caps it at its range times ``k_scale``.
+    """
+    raw = max(abs(o) for o in s.logit_offsets) / s.softmax_scale
+    component = math.sqrt(raw)
+    if s.variant.cache_dtype is not None:
+        fp8_max = torch.finfo(s.variant.cache_dtype).max
+        component = min(component, FP8_HEADROOM * fp8_max * s.variant.k_scale)
+    return component
+
+
+def _offset_queries(s: Scenario, step: Step, query: torch.Tensor) -> None:
+    """Move every logit of sequence ``i`` by ``s.logit_offsets[i]``, exactly.
+
+    Every key's last component is one common value ``a``
+    (``offset_key_component``) and every query of row ``i`` gets ``b_i``
+    there, with ``scale * a * b_i`` the offset: the logits' differences
+    within a row (all that softmax sees) are the drawn ones, while the row's
+    maximum sits near the offset, where kernels that start their running
+    maximum at a finite sentinel, keep it in a narrow type or overflow an
+    ``exp2`` domain go wrong. The oracle is exact and shift-invariant, and
+    the bound's ``logit_scale`` counts ``|a b_i|``.
+    """
+    a = offset_key_component(s)
+    start = 0
+    for index, row in enumerate(step.rows):
+        offset = s.logit_offsets[index] if index < len(s.logit_offsets) else 0.0
+        if row.seq_id is not None and offset:
+            query[start : start + row.query_len, :, -1] = offset / (s.softmax_scale * a)
+        start += row.query_len
 
 
 def store_step_tokens(inputs: StepInputs) -> None:

@@ -20,15 +20,21 @@ correct computation of that kind has these sources of error, each charged:
   magnitude ``s`` moves its weight by ``exp(u32 s)``, and the output by at
   most ``2 u32 s`` times the largest value norm (``logit_scale`` is the worst
   ``s``, from ``|q|.|k|`` so cancellation cannot hide it);
-* fp32 accumulation of P.V and of the softmax's sum: a few ``u32`` times
-  the largest value norm. In fp32 this overlaps the two rounding terms
-  above, so the larger of the two is charged, not their sum, and fp32 stays
-  as tight as the old ``u v_max`` floor;
+* fp32 accumulation of P.V and of the softmax's sum over the ``n`` keys a
+  token sees: each sum's rounding error grows like ``sqrt(n) u32`` times the
+  largest value norm (the probabilistic bound of Higham and Mary, 2019, at
+  lambda = 1; the worst case ``n u32`` is never reached by blocked or vector
+  sums): ``sqrt(n) u32 value_scale``, with ``n`` at least 16 (so short sums
+  keep the old ``4 u32 value_scale``). Measured, a correct fp32 sum reaches
+  about 0.3 of it. A constant here left a correct fp32 computation over 2048 keys
+  at 0.28 of the bound on AVX2 machines, where BLAS blocks its sums
+  differently than with AVX-512. In fp32 this overlaps the two rounding
+  terms above, so the larger of the two is charged, not their sum;
 * anything else a same-dtype implementation does (accumulation order, the
   softmax's own rounding): four times the error of ``naive_attention`` at
   the same (token, head).
 
-So ``bound = 4 e_naive + max(u (4 ||o|| + 6 rounding_scale), 4 u32 value_scale)
+So ``bound = 4 e_naive + max(u (4 ||o|| + 6 rounding_scale), sqrt(n) u32 value_scale)
 + 2 u32 value_scale logit_scale``. The factors leave a correct computation at a quarter of the
 bound or less (``python -m harness.discrimination`` measures it), while an
 all-zeros output, uniform attention, a wrong GQA head map, a 10% scale
@@ -73,7 +79,8 @@ from harness.oracle import OracleOutput
 NAIVE_FACTOR = 4.0
 OUTPUT_FACTOR = 4.0
 ROUNDING_FACTOR = 6.0
-ACCUMULATION_FACTOR = 4.0
+ACCUMULATION_FACTOR = 1.0  # per sqrt(key) of the visible keys
+MIN_SUM_LENGTH = 16.0  # keys counted at least: 4 u32 value_scale, as short sums round too
 LOGIT_FACTOR = 2.0
 ACCUMULATOR = torch.float32  # where production kernels keep logits, sums and accumulators
 
@@ -89,7 +96,10 @@ def error_bound(
     """The allowed norm-wise error per (token, head), ``[T, H]``."""
     u, u32 = unit_roundoff(dtype), unit_roundoff(ACCUMULATOR)
     rounding = u * (OUTPUT_FACTOR * oracle.output_norm + ROUNDING_FACTOR * oracle.rounding_scale)
-    accumulation = u32 * ACCUMULATION_FACTOR * oracle.value_scale
+    keys = oracle.visible_keys
+    length = torch.full_like(oracle.value_scale, MIN_SUM_LENGTH) if keys is None else keys
+    sums = length.clamp_min(MIN_SUM_LENGTH).sqrt()
+    accumulation = u32 * ACCUMULATION_FACTOR * sums * oracle.value_scale
     logits = u32 * LOGIT_FACTOR * oracle.value_scale * oracle.logit_scale
     return NAIVE_FACTOR * naive_error + torch.maximum(rounding, accumulation) + logits
 

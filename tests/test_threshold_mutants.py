@@ -21,6 +21,9 @@ from suites.mutants import thresholds as t
 from suites.mutants.kill_matrix import mutant_specs
 
 FAR_OFF = 100.0  # a triggered bug's worst error / bound: far beyond rounding
+FAR_OFF_ONE_KEY_OF_4K = 20.0
+"""One key of 4097 dropped in fp32 (``SplitKvMaxPartitions``): a weight of 1/4097 against
+a bound that charges fp32 sums over 4097 keys ``sqrt(4097) u32``; measured 50x."""
 
 BASE = Scenario(num_heads=4, num_kv_heads=2, head_dim=16, page_size=16, num_layers=1)
 DECODE_LONG = replace(BASE, num_heads=2, num_kv_heads=1, head_dim=8, page_size=256)
@@ -154,7 +157,8 @@ def test_far_off_just_past_threshold(cls):
         checks = run(cls, scenario)
         assert not all(c.passed for c in checks), scenario.describe()
         worst = max(c.worst_ratio for c in checks)
-        assert worst > FAR_OFF, f"{scenario.describe()}: only {worst:.1f}x the bound"
+        far = FAR_OFF_ONE_KEY_OF_4K if cls is t.SplitKvMaxPartitions else FAR_OFF
+        assert worst > far, f"{scenario.describe()}: only {worst:.1f}x the bound"
 
 
 SMALL = [
