@@ -528,17 +528,20 @@ def _replay_command(backend: str, token: str) -> str:
 def _requirements(entry: Any) -> list[Any]:
     """What the profile promises to reach inside ``entry``'s claim (nothing if it does not)."""
     from harness.coverage import requirements
+    from harness.large_pool import large_pool_scenario, unavailable_reason
 
     profile = profile_for(entry)
     if not profile.enforces_coverage:
         return []
     budget = profile.budget
+    large = large_pool_scenario(entry.capabilities, _STATE["device"])
     return requirements(
         entry.capabilities,
         dp_aware=entry.accepts_dp,
         max_dp_size=budget.max_dp_size,
         max_context=budget.max_context,
         limit=budget.production,
+        large_pool=large is not None and unavailable_reason(large) is None,
     )
 
 

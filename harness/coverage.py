@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from harness.contract import Capabilities
 from harness.kv_pages import PoolLayout, pages_needed
 from harness.production_shapes import LARGE_DP_SIZES, CostLimit
@@ -44,11 +46,18 @@ DIMENSIONS = (
     "variant",
     "kv_cache",
     "cache_layout",
+    "tokens",
+    "logit_offset",
+    "pool",
 )
 
 DP_BUCKETS = ((1, 1), (2, 2), (3, 8), (9, 16), (17, 64))
 CONTEXT_BUCKETS = ((1, 64), (65, 256), (257, 1024), (1025, 4096), (4097, 32768), (32769, None))
 QUERY_BUCKETS = ((1, 1), (2, 64), (65, 128), (129, None))
+TOKEN_BUCKETS = ((1, 2**13), (2**13 + 1, 2**14), (2**14 + 1, 2**16), (2**16 + 1, None))
+"""New tokens per step, cut at engines' token budgets (8192, 16384) and at 65536."""
+OFFSET_NEAR_ZERO = 1e3  # below it, a row's logits are what the magnitude draws give
+OFFSET_FAR = 3e4  # past fp16-minded sentinels (-1e4, -3e4)
 
 
 def _bucket(value: int, buckets: tuple[tuple[int, int | None], ...]) -> str:
@@ -78,6 +87,44 @@ def _rank_position(s: Scenario) -> str:
     return "last" if s.dp_rank == s.dp_size - 1 else "middle"
 
 
+def _is_spec_decode(contexts: tuple[int, ...], queries: tuple[int, ...]) -> bool:
+    """Two or more requests, each verifying the same 2-8 new tokens over a history."""
+    return (
+        len(queries) >= 2
+        and len(set(queries)) == 1
+        and 2 <= queries[0] <= 8
+        and all(q < c for c, q in zip(contexts, queries, strict=True))
+    )
+
+
+def _batch_kind(s: Scenario) -> str:
+    if _is_spec_decode(s.context_lens, s.query_lens):
+        return "spec-decode"
+    kinds = {_row_kind(c, q) for c, q in zip(s.context_lens, s.query_lens, strict=True)}
+    return kinds.pop() if len(kinds) == 1 else "mixed"
+
+
+def _logit_offset(s: Scenario) -> str:
+    """The bucket of the row offset farthest from zero (``harness.scenario``'s offsets)."""
+    offset = max(s.logit_offsets, key=abs, default=0.0)
+    if abs(offset) < OFFSET_NEAR_ZERO:
+        return "near 0"
+    sign = "-" if offset < 0 else "+"
+    return f"{sign}3e4 or past" if abs(offset) >= OFFSET_FAR else f"{sign}1e3 to {sign}3e4"
+
+
+def pool_elements(s: Scenario) -> int:
+    """Elements of one layer's K tensor of the whole pool (pages x page x KV heads x D)."""
+    return s.total_pages * s.page_size * s.num_kv_heads * s.head_dim
+
+
+def _pool(s: Scenario) -> str:
+    elements = pool_elements(s)
+    if elements < 2**24:
+        return "< 2^24"
+    return "2^24-2^31" if elements < 2**31 else "2^31+"
+
+
 def _heads(s: Scenario) -> str:
     group = s.num_heads // s.num_kv_heads
     if group == 1:
@@ -89,7 +136,6 @@ def _heads(s: Scenario) -> str:
 
 def labels(s: Scenario) -> dict[str, str]:
     """The value of each dimension for one rank's step."""
-    kinds = {_row_kind(c, q) for c, q in zip(s.context_lens, s.query_lens, strict=True)}
     return {
         "dtype": str(s.dtype).removeprefix("torch."),
         "dp_size": _bucket(s.dp_size, DP_BUCKETS),
@@ -98,7 +144,7 @@ def labels(s: Scenario) -> dict[str, str]:
         "page_size": str(s.page_size),
         "head_dim": str(s.head_dim),
         "heads": _heads(s),
-        "batch": kinds.pop() if len(kinds) == 1 else "mixed",
+        "batch": _batch_kind(s),
         "context": _bucket(max(s.context_lens), CONTEXT_BUCKETS),
         "query": _bucket(max(s.query_lens), QUERY_BUCKETS),
         "mask": "causal" if s.causal else "non-causal",
@@ -109,6 +155,9 @@ def labels(s: Scenario) -> dict[str, str]:
         "variant": _variant_label(s),
         "kv_cache": s.variant.kv_cache_dtype,
         "cache_layout": s.cache_layout,
+        "tokens": _bucket(sum(s.query_lens), TOKEN_BUCKETS),
+        "logit_offset": _logit_offset(s),
+        "pool": _pool(s),
     }
 
 
@@ -186,6 +235,23 @@ def _longest_reachable_context(caps: Capabilities, limit: CostLimit) -> int:
     return longest
 
 
+def _reachable_tokens(caps: Capabilities, limit: CostLimit) -> int:
+    """The most new tokens in one step the token-budget draws afford: 64-token prefills, one
+    KV head of the smallest claimed head dim (``harness.strategies``)."""
+    head_dim = min(caps.head_dims or (8,))
+    page = min(caps.page_sizes or (1,))
+    if (caps.max_seq_len or 64) < 64:
+        return 0
+    slots = pages_needed(64, page) * page
+    rows = min(limit.max_tokens(1, head_dim) // slots, limit.max_query_context(1, head_dim) // 4096)
+    return 64 * rows - 64  # the draws keep 64 tokens in hand
+
+
+def _far_offsets_reachable(caps: Capabilities) -> bool:
+    """Offsets past 3e4 fit bf16 and fp32; fp16's ``q.k`` range stops them at D > 1."""
+    return any(d in (torch.float32, torch.bfloat16) for d in caps.dtypes)
+
+
 def requirements(
     caps: Capabilities,
     *,
@@ -193,12 +259,16 @@ def requirements(
     max_dp_size: int,
     max_context: int,
     limit: CostLimit,
+    large_pool: bool = False,
 ) -> list[Requirement]:
     """Values of each dimension the ``ci`` and ``thorough`` profiles reach inside ``caps``.
 
     Only what every draw path can afford is promised: a claimed dtype, page
     size or head dim, each pool layout, each batch kind, DP sizes and
-    context buckets up to what the claim and the cost limit allow.
+    context buckets up to what the claim and the cost limit allow; steps
+    past engines' token budgets as far as the cost limit reaches; logit
+    offsets as far as the dtypes hold; a pool past 2^31 elements where
+    ``large_pool`` says this machine can hold one.
     """
     wanted = [_exactly("dtype", str(d).removeprefix("torch.")) for d in caps.dtypes]
     dp_sizes = _reachable_dp_sizes(caps, dp_aware, max_dp_size)
@@ -226,6 +296,19 @@ def requirements(
         ]
     wanted += [_exactly("heads", v) for v in ("MHA", "GQA 2-8", "GQA 9+", "MQA")]
     wanted += [_exactly("batch", v) for v in ("decode", "prefill", "extend", "mixed")]
+    if (caps.max_seq_len or 3) >= 3:
+        wanted.append(_exactly("batch", "spec-decode"))
+    most = _reachable_tokens(caps, limit)
+    wanted += [
+        _exactly("tokens", _bucket_name(low, high)) for low, high in TOKEN_BUCKETS if low <= most
+    ]
+    far = _far_offsets_reachable(caps)
+    for sign in "-+":
+        wanted.append(
+            _exactly("logit_offset", f"{sign}3e4 or past" if far else f"{sign}1e3 to {sign}3e4")
+        )
+    if large_pool:
+        wanted.append(_exactly("pool", "2^31+"))
     longest = _longest_reachable_context(caps, limit)
     wanted += [
         _exactly("context", _bucket_name(low, high))
@@ -400,7 +483,9 @@ class CoverageLog:
 LABEL_ORDER = (
     *("none", "float32", "float16", "bfloat16", "only", "first", "middle", "last"),
     *("shared", "per_rank"),
-    *("MHA", "GQA 2-8", "GQA 9+", "MQA", "decode", "prefill", "extend", "mixed"),
+    *("MHA", "GQA 2-8", "GQA 9+", "MQA", "decode", "prefill", "extend", "mixed", "spec-decode"),
+    *("near 0", "-1e3 to -3e4", "-3e4 or past", "+1e3 to +3e4", "+3e4 or past"),
+    *("< 2^24", "2^24-2^31", "2^31+"),
     *("causal", "non-causal", "graph-padded", "dense", "strided", "separate K/V"),
     "combined K/V",
     *("plain", "auto", "NHD", "HND"),

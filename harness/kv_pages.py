@@ -60,11 +60,17 @@ class PagePool:
 
     Reference counts let sequences share prefix pages: a page returns to its
     rank's free list when its last holder frees it. ``shuffle_seed`` hands
-    pages out in a random order, so block tables are not monotone.
+    pages out in a random order, so block tables are not monotone;
+    ``from_top`` hands out each range's last pages first.
     """
 
     def __init__(
-        self, total_pages: int, dp_size: int = 1, *, shuffle_seed: int | None = None
+        self,
+        total_pages: int,
+        dp_size: int = 1,
+        *,
+        shuffle_seed: int | None = None,
+        from_top: bool = False,
     ) -> None:
         dp_page_range(total_pages, dp_size, 0)  # validates all three arguments
         self.total_pages = total_pages
@@ -75,7 +81,8 @@ class PagePool:
             pages = list(page_range)
             if shuffle_seed is not None:
                 random.Random(shuffle_seed * 1_000_003 + page_range.start).shuffle(pages)
-            pages.reverse()  # pop() from the end hands out the first page first
+            if not from_top:  # from_top: a pool whose low pages are taken by others
+                pages.reverse()  # pop() from the end hands out the first page first
             self._free.append(pages)
         self._refs: dict[int, int] = {}
 

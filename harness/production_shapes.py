@@ -30,6 +30,11 @@ PRODUCTION_GROUPS = (1, 2, 4, 7, 8, 9, 12, 16)
 WIDE_GROUPS = (16, 12, 9)  # GQA past 8 query heads per KV head (Llama-3 405B, Qwen3: 16)
 MQA_HEADS = (32, 64, 71)
 LARGE_DP_SIZES = (9, 12, 16, 33, 64)
+SPEC_QUERY_LENS = (2, 3, 4, 5, 6, 7, 8)  # draft tokens + 1 per request (EAGLE, MTP, n-gram)
+SPEC_COMMON_QUERY_LENS = (3, 4, 5, 6, 7)  # the usual 2-6 drafts: drawn twice as often
+SPEC_GROUPS = (1, 2, 4, 5, 6, 7, 8, 16)  # GQA groups of served models (Qwen 7, Phi-3 4, ...)
+TOKEN_BUDGETS = (8193, 16385, 65537)  # just past engines' max_num_batched_tokens defaults
+BUDGET_QUERY_LENS = (64, 65, 96, 128, 129, 200, 256, 600)  # chunked-prefill chunks per request
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,8 @@ REGIMES = (
     "head-geometry",  # real models' heads: GQA past 8, MQA at 32+ heads, head_dim to 256
     "page-sizes",  # pages of 32 .. 256 tokens
     "dp-groups",  # dp_size past 8, every rank, pools that do not divide, page ids past 32767
+    "spec-decode",  # every request the same 2-8 new tokens over long contexts, real GQA groups
+    "token-budget",  # steps of 8193-70000 new tokens: 128+ short prefills and decodes
 )
 
 

@@ -20,6 +20,12 @@ from harness.batches import BatchBuilder
 from harness.canary import bits, changed_slots, snapshot
 from harness.errors import PropertyFailure, Unsupported
 from harness.kv_pages import PagePool, PoolLayout, dp_page_range, pages_needed
+from harness.large_pool import (
+    WATCHED_PAGES,
+    changed_watched_slots,
+    large_pool_inputs,
+    watched_snapshot,
+)
 from harness.registry import BackendEntry
 from harness.scenario import (
     Scenario,
@@ -228,6 +234,28 @@ def check_ranks_together_equal_alone(entry: BackendEntry, ranks: Sequence[Scenar
 
 
 # -- 3. canary ----------------------------------------------------------------------------
+
+
+def check_large_pool_step(entry: BackendEntry, scenario: Scenario) -> None:
+    """On a pool past 2^31 elements per tensor, using its top pages: outputs match the
+    oracle and, of the watched top pages, only the step's slots change
+    (``harness.large_pool``: the rest of the pool is untouched virtual memory)."""
+    prop = "a pool past 2^31 elements"
+    inputs = large_pool_inputs(scenario)
+    before = watched_snapshot(inputs)
+    outputs = run_step(prop, entry, inputs)
+    _assert_oracle(prop, entry, inputs, outputs)
+    mapped = {slot for slot in inputs.step.metadata.slot_mapping.tolist() if slot != -1}
+    for layer, changed in enumerate(changed_watched_slots(inputs, before)):
+        if changed != mapped:
+            wrong = sorted(changed ^ mapped)[:8]
+            raise fail(
+                prop,
+                entry,
+                scenario,
+                f"layer {layer}: slots written in the top {WATCHED_PAGES} pages differ from "
+                f"slot_mapping's at {wrong} (written {len(changed)}, mapped {len(mapped)})",
+            )
 
 
 def check_only_mapped_slots_change(entry: BackendEntry, scenario: Scenario) -> None:

@@ -393,6 +393,25 @@ def _plant(
     return direction
 
 
+MAX_LOGIT_OFFSET = 1e5
+
+
+def logit_offset_limit(s: Scenario) -> float:
+    """The largest ``|offset|`` ``s`` can hold without overflowing its dtype.
+
+    In fp16 the raw ``q.k`` (``offset / scale``) and the query component stay
+    within half of its range, since a kernel may form ``q.k`` in the dtype;
+    bf16 and fp32 reach ``MAX_LOGIT_OFFSET``. An FP8 cache caps the key
+    component, so the query's must make up the rest.
+    """
+    room = torch.finfo(s.dtype).max / 2
+    raw = min(room, 1e30)
+    if s.variant.cache_dtype is not None:
+        key_cap = FP8_HEADROOM * torch.finfo(s.variant.cache_dtype).max * s.variant.k_scale
+        raw = min(raw, room * key_cap)
+    return min(MAX_LOGIT_OFFSET, raw * s.softmax_scale)
+
+
 def offset_key_component(s: Scenario) -> float:
     """The last head-dim component every key of an offset scenario holds (see ``_offset_logits``).
 

@@ -1,7 +1,9 @@
 """A hypothesis state machine that drives one backend per rank through many steps.
 
-Sequences are admitted to ranks, prefilled in chunks, decoded, forked to
-share prefix pages, and released (their pages re-used by sequences admitted
+Sequences are admitted to ranks, prefilled in chunks, decoded (one token
+a step, or the same 2-8 drafted tokens for every request, as a
+speculative-decoding verify step feeds them), forked to share prefix pages,
+and released (their pages re-used by sequences admitted
 later). Every rule ends in a forward step, and pools are sized so that a
 step never runs out of pages, so each run is a real program rather than a
 few idle draws. After every step, each layer's output is checked against
@@ -41,14 +43,14 @@ from harness.kv_pages import PagePool, PoolLayout, pages_needed
 from harness.registry import BackendEntry
 from harness.scenario import Scenario, backend_for, scenario_caches
 from harness.sequence_run import RankSteps
-from harness.strategies import Budget, geometries
+from harness.strategies import Budget, geometries, spec_query_lens
 
 T = TypeVar("T")
 MAX_LIVE = 4
 """Sequences one rank holds at once; pools hold this many of the longest."""
 MAX_STATEFUL_DP = 8
 """Ranks in one machine: every step snapshots the whole pool, which grows with dp_size."""
-RULES = ("admit", "chunked-prefill", "decode", "fork", "free", "re-admit")
+RULES = ("admit", "chunked-prefill", "decode", "fork", "free", "re-admit", "spec-decode")
 MAX_NEW_TOKENS = 6
 """Tokens a sequence decodes after its prompt before it finishes (drawn from 1 to this)."""
 MIN_RULES = 8
@@ -165,6 +167,17 @@ def conformance_machine(
         def can_release(self) -> bool:
             return any(r.builder.sequences for r in self.ranks)
 
+        def _decoding(self, rank: RankSteps) -> list[int]:
+            """Prefilled sequences with room for at least two more tokens."""
+            return [
+                s
+                for s in self._growable(rank)
+                if not rank.pending[s] and max_context - rank.cached_len(s) >= 2
+            ]
+
+        def can_speculate(self) -> bool:
+            return any(self._decoding(r) for r in self.ranks)
+
         # -- rules: each ends in a forward step --------------------------------------
 
         @precondition(can_admit)
@@ -217,6 +230,18 @@ def conformance_machine(
             self.run.reached.add("fork")
             self._step(rank, data, include=child)
 
+        @precondition(can_speculate)
+        @rule(data=st.data())
+        def speculate(self, data: st.DataObject) -> None:
+            """A verify step: every decoding request of a rank takes the same 2-8 tokens."""
+            rank = data.draw(st.sampled_from([r for r in self.ranks if self._decoding(r)]))
+            decoding = self._decoding(rank)
+            room = max(max_context - rank.cached_len(s) for s in decoding)
+            query = min(data.draw(spec_query_lens(), label="draft tokens + 1"), room)
+            requests = [(s, query) for s in decoding if max_context - rank.cached_len(s) >= query]
+            self.run.reached.add("spec-decode")
+            self._take_step(rank, requests, data)
+
         @precondition(can_release)
         @rule(data=st.data())
         def release(self, data: st.DataObject) -> None:
@@ -253,6 +278,12 @@ def conformance_machine(
                     query = 1
                     self.run.reached.add("decode")
                 requests.append((seq_id, query))
+            self._take_step(rank, requests, data)
+
+        def _take_step(
+            self, rank: RankSteps, requests: list[tuple[int, int]], data: st.DataObject
+        ) -> None:
+            """One forward step of ``requests`` (graph-padded when drawn), then finish the done."""
             pad_to = None
             if caps.graph_mode and data.draw(st.booleans(), label="graph"):
                 pad_to = len(requests) + data.draw(st.integers(0, 2))

@@ -16,6 +16,7 @@ Public: ``Budget``, ``geometries``, ``batches``, ``scenarios``,
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
@@ -26,6 +27,7 @@ from hypothesis import strategies as st
 from harness.contract import Capabilities
 from harness.kv_pages import PoolLayout, dp_page_range, pages_needed
 from harness.production_shapes import (
+    BUDGET_QUERY_LENS,
     LARGE_DP_SIZES,
     LONG_CONTEXT,
     LONG_CONTEXTS,
@@ -37,22 +39,30 @@ from harness.production_shapes import (
     PRODUCTION_PAGE_SIZES,
     QUERY_TILES,
     REGIMES,
+    SPEC_COMMON_QUERY_LENS,
+    SPEC_GROUPS,
+    SPEC_QUERY_LENS,
     SPLIT_CONTEXTS,
+    TOKEN_BUDGETS,
     WIDE_GROUPS,
     CostLimit,
 )
-from harness.scenario import Scenario
+from harness.scenario import Scenario, logit_offset_limit
 from harness.variants import AttentionVariant, alibi_slopes_for
 
 T = TypeVar("T")
 PAGE_SIZES = (2, 1, 3, 4, 5, 7, 8, 16)  # first is where shrinking lands
 HEAD_DIMS = (8, 16, 5, 13, 32, 64)
-BATCH_KINDS = ("decode", "prefill", "extend", "mixed")
+BATCH_KINDS = ("decode", "prefill", "extend", "mixed", "spec-decode")
 SINGLE_RANK_ONE_IN = 8  # multi-rank draws that are one rank
 WINDOWS = (1, 2, 3, 4, 7, 16, 64)  # small windows: small contexts cross them
 PRODUCTION_WINDOWS = (64, 128, 256, 1024, 4096)  # peer grids' and Mistral's windows
 SOFT_CAPS = (10.0, 30.0, 50.0, 1.0, 5.0)  # the peer grids' caps, then ones small logits reach
 FP8_SCALES = (1.0, 0.5, 0.0625, 0.037, 2.0, 0.3)  # powers of two and not
+LOGIT_OFFSETS = (-1e5, -3.5e4, -1.2e4, -1e3, 1e3, 1.2e4, 3.5e4, 1e5)
+"""Row offsets past the finite sentinels kernels start a running maximum at (-1e4, -3e4 in
+fp16-minded code) and far above zero (an ``exp2`` domain, a max kept in a narrow type)."""
+OFFSET_ONE_IN = 4  # steps whose rows get logit offsets
 
 
 @dataclass(frozen=True)
@@ -206,6 +216,8 @@ def batches(
     """``(context_lens, query_lens)`` of a decode, prefill, extend or mixed batch."""
     kind = draw(st.sampled_from(BATCH_KINDS))
     high = min(budget.max_context, max_seq_len or budget.max_context)
+    if kind == "spec-decode" and high >= 3:
+        return _spec_decode_batch(draw, page_size, high, max(2, budget.max_seqs))
     contexts, queries = [], []
     for _ in range(draw(st.integers(1, budget.max_seqs))):
         row = kind if kind != "mixed" else draw(st.sampled_from(BATCH_KINDS[:3]))
@@ -223,6 +235,36 @@ def batches(
         contexts.append(length)
         queries.append(query)
     return tuple(contexts), tuple(queries)
+
+
+def spec_query_lens() -> st.SearchStrategy[int]:
+    """A speculative-decoding step's query length per request: 2-8, 3-7 twice as often."""
+    return balanced((*SPEC_QUERY_LENS, *SPEC_COMMON_QUERY_LENS))
+
+
+def _spec_decode_batch(
+    draw: st.DrawFn, page_size: int, high: int, max_rows: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Two or more requests verifying the same number of draft tokens, each with a history."""
+    query = min(draw(spec_query_lens()), high - 1)
+    rows = draw(st.integers(2, max_rows))
+    contexts = tuple(_context(draw, query + 1, high, page_size) for _ in range(rows))
+    return contexts, (query,) * rows
+
+
+def _logit_offsets(draw: st.DrawFn, base: Scenario, rows: int) -> tuple[float, ...]:
+    """Per-sequence logit offsets one step in ``OFFSET_ONE_IN`` (none: shrinks there).
+
+    Up to eight rows draw their own offset (zero among them, so a step mixes
+    rows far from zero and near it); a larger batch shares one.
+    """
+    if draw(st.integers(0, OFFSET_ONE_IN - 1)) != OFFSET_ONE_IN - 1:
+        return ()
+    limit = logit_offset_limit(base)
+    menu = (0.0, *(o for o in LOGIT_OFFSETS if abs(o) <= limit))
+    if rows > 8:
+        return (draw(balanced(menu[1:] or menu)),) * rows
+    return tuple(draw(balanced(menu)) for _ in range(rows))
 
 
 def _pool_size(draw: st.DrawFn, needed: int, dp_size: int) -> int:
@@ -282,6 +324,7 @@ def _step_options(
         noncontiguous=draw(st.booleans()),
         combined_kv=draw(st.booleans()),
         planted_keys=draw(st.sampled_from((0, 0, 1, 3))),
+        logit_offsets=_logit_offsets(draw, base, len(contexts)),
         seed=draw(st.integers(0, 2**16)),
     )
 
@@ -348,6 +391,15 @@ def production_geometries(
         heads = kv_heads * draw(st.sampled_from(groups))
         wide = tuple(d for d in head_dims if d > 128) if kind == "wide-head" else ()
         head_dim = draw(st.sampled_from(wide or head_dims))
+    elif regime == "spec-decode":  # the GQA groups of served models, MQA included
+        kv_heads = 1 if kind == "mqa" else draw(st.sampled_from((1, 2, 4, 8)))
+        heads = draw(st.sampled_from(MQA_HEADS)) if kind == "mqa" else None
+        heads = heads or kv_heads * draw(balanced(SPEC_GROUPS))
+        fitting = tuple(d for d in head_dims if d <= 128) or head_dims
+        head_dim = draw(st.sampled_from(fitting))
+    elif regime == "token-budget":  # tens of thousands of tokens fit only with tiny heads
+        kv_heads, heads = 1, draw(st.sampled_from((1, 2, 4)))
+        head_dim = draw(st.sampled_from(sorted(caps.head_dims or HEAD_DIMS)[:2]))
     else:  # long contexts and big pools fit only with few KV heads
         small = regime in ("long-context", "dp-groups")
         kv_heads = draw(st.sampled_from((1, 2) if small else (1, 2, 4, 8)))
@@ -391,6 +443,10 @@ def production_batches(
         slots = pages_needed(length, g.page_size) * g.page_size
         return length <= cap and slots <= tokens_left and query * length <= query_context_left
 
+    if regime == "token-budget":
+        return draw(_token_budget_batch(g, tokens_left, query_context_left, cap))
+    if regime == "spec-decode":
+        return draw(_spec_decode_production(g, tokens_left, query_context_left, cap))
     if regime == "many-sequences":
         count = draw(st.sampled_from(MANY_SEQUENCES))
         menu = tuple(range(1, 49))
@@ -424,6 +480,75 @@ def production_batches(
         query_context_left -= query * length
     if not contexts:  # the claim or the limit leaves nothing past a threshold: stay small
         return (min(g.page_size + 1, cap),), (1,)
+    return tuple(contexts), tuple(queries)
+
+
+def _fits(g: Scenario, length: int, query: int, slots_left: int, work_left: int, cap: int) -> bool:
+    slots = pages_needed(length, g.page_size) * g.page_size
+    return length <= cap and slots <= slots_left and query * length <= work_left
+
+
+@st.composite
+def _spec_decode_production(
+    draw: st.DrawFn, g: Scenario, slots_left: int, work_left: int, cap: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """2-16 requests with one drafted query length, over contexts past split and tile sizes."""
+    query = draw(spec_query_lens())
+    rows = draw(st.sampled_from((2, 3, 4, 8, 16)))
+    menu = (*SPLIT_CONTEXTS, *LONG_CONTEXTS)
+    share = (slots_left // rows, work_left // rows)  # every row must fit, so each gets a share
+    options = [n for n in menu if n > query and _fits(g, n, query, *share, cap)]
+    if not options:  # the claim or the limit leaves no long context: short ones still verify
+        options = [n for n in range(query + 1, query + 9) if _fits(g, n, query, *share, cap)]
+    if not options:
+        return (min(g.page_size + 1, cap),), (1,)
+    contexts = tuple(draw(st.sampled_from(options)) for _ in range(rows))
+    return contexts, (query,) * rows
+
+
+@st.composite
+def _token_budget_batch(
+    draw: st.DrawFn, g: Scenario, slots_left: int, work_left: int, cap: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A step just past an engine's token budget: many short prefills, chunks and decodes.
+
+    Rows come from a seeded ``random.Random`` (hundreds of rows would be
+    hundreds of draws): a quarter decodes over up to 300 keys, the rest
+    64-600 new tokens over 0-63 cached ones. When the cost limit runs short,
+    the remaining tokens come as 64-token prefills, the cheapest rows.
+    """
+    cheapest = 64
+    cheap_slots = pages_needed(cheapest, g.page_size) * g.page_size
+    budget = (slots_left, work_left)
+
+    def affordable(tokens: int, slots: int, work: int) -> bool:
+        rows = -(-tokens // cheapest)
+        return rows * cheap_slots <= slots and rows * cheapest * cheapest <= work
+
+    targets = [t for t in TOKEN_BUDGETS if cap >= cheapest and affordable(t + 64, *budget)]
+    if not targets:
+        return (min(g.page_size + 1, cap),), (1,)
+    target = draw(st.sampled_from(targets)) + draw(st.integers(0, 64))
+    rng = random.Random(draw(st.integers(0, 2**16)))
+    contexts: list[int] = []
+    queries: list[int] = []
+    tokens = 0
+    while tokens < target:
+        left = target - tokens
+        if rng.random() < 0.25:
+            query, length = 1, rng.randint(2, min(300, cap))
+        else:
+            query = min(rng.choice(BUDGET_QUERY_LENS), left)
+            length = min(query + rng.choice((0, 0, 0, 1, 17, 63)), cap)
+        slots = pages_needed(length, g.page_size) * g.page_size
+        after = (slots_left - slots, work_left - query * length)
+        if min(after) < 0 or not affordable(max(0, left - query), *after):
+            query, length, slots = min(cheapest, left), cheapest, cheap_slots
+        contexts.append(length)
+        queries.append(query)
+        tokens += query
+        slots_left -= slots
+        work_left -= query * length
     return tuple(contexts), tuple(queries)
 
 

@@ -193,6 +193,18 @@ def _extend(shapes: tuple[tuple[int, int, int], ...], **kw: Any) -> list[CaseSpe
     return [CaseSpec(f"ctx={n} chunk={q} x{b}", (n,) * b, (q,) * b, **kw) for b, n, q in shapes]
 
 
+def _spec(batch: int, context: int, query: int, **kw: Any) -> CaseSpec:
+    """A speculative-decoding verify step: ``batch`` requests, each ``query`` = drafts + 1."""
+    extra = f" window={kw['sliding_window']}" if kw.get("sliding_window") else ""
+    heads = f" H={kw['num_heads']}/{kw['num_kv_heads']}" if "num_heads" in kw else ""
+    return CaseSpec(
+        f"q={query} ctx={context} x{batch}{heads}{extra}",
+        (context,) * batch,
+        (query,) * batch,
+        **kw,
+    )
+
+
 def _dp(global_seqs: int, context: int, **kw: Any) -> list[CaseSpec]:
     """The most loaded rank's share of a fixed global decode batch, for dp_size 1..8.
 
@@ -320,6 +332,33 @@ def _build() -> dict[str, Workload]:
             ),
         ),
         Workload(
+            "spec-decode",
+            1,
+            "extend",
+            "speculative-decoding verify steps (EAGLE, MTP, n-gram): every request the same "
+            "3-7 new tokens over a long context, at Llama's GQA 4 and Qwen2.5-7B's 7, and "
+            "with a sliding window",
+            _seeded(
+                "spec-decode",
+                [
+                    _spec(8, 2048, 4),
+                    _spec(8, 1024, 7),
+                    _spec(16, 4096, 3),
+                    _spec(8, 2048, 4, num_heads=28, num_kv_heads=4),
+                    _spec(4, 4096, 5, sliding_window=1024),
+                ],
+            ),
+            _seeded(
+                "spec-decode",
+                [
+                    _spec(64, 8192, 4, **GPU),
+                    _spec(32, 16384, 7, **GPU),
+                    _spec(64, 4096, 4, num_heads=28, num_kv_heads=4, **GPU),
+                    _spec(32, 16384, 5, sliding_window=4096, **GPU),
+                ],
+            ),
+        ),
+        Workload(
             "targets",
             1,
             "targets",
@@ -336,8 +375,9 @@ def _build() -> dict[str, Workload]:
 
 
 WORKLOADS: dict[str, Workload] = _build()
-DEFAULT_WORKLOADS: tuple[str, ...] = tuple(w for w in WORKLOADS if w not in ("targets", "variants"))
-"""The five sweeps, at CPU size about a minute; ``targets`` and ``variants`` run when named."""
+OPTIONAL_WORKLOADS = ("targets", "variants", "spec-decode")
+DEFAULT_WORKLOADS: tuple[str, ...] = tuple(w for w in WORKLOADS if w not in OPTIONAL_WORKLOADS)
+"""The five sweeps, at CPU size about a minute; the optional ones run when named."""
 
 
 def list_workloads() -> list[Workload]:

@@ -12,6 +12,9 @@ import pytest
 import torch
 
 from harness import PoolLayout
+from harness.errors import PropertyFailure
+from harness.large_pool import large_pool_scenario, unavailable_reason
+from harness.properties import check_large_pool_step
 from harness.registry import BackendEntry
 from harness.scenario import Scenario, backend_for, check_outputs, run_scenario
 from harness.tolerance import Comparison
@@ -118,6 +121,10 @@ CASES: dict[type, tuple[list[Scenario], list[Scenario]]] = {
         [int16_pages(8, 65518), int16_pages(8, 65518, PoolLayout.PER_RANK)],  # 32759..32766
         [int16_pages(10, 65518), int16_pages(10, 65518, PoolLayout.PER_RANK)],  # ..32768
     ),
+    t.ElementOffsetInt32: (  # past its threshold only on a pool of 2^31+ elements: see below
+        [decode(4097), int16_pages(10, 65518)],
+        [],
+    ),
     t.DpRank3Bits: (
         [dp(8, 7), dp(8, 7, PoolLayout.PER_RANK)],
         [dp(9, 8), dp(16, 9, PoolLayout.PER_RANK)],
@@ -178,3 +185,15 @@ def test_bit_identical_to_reference_on_small_shapes(cls):
         _, actual = run_scenario(lambda s: build(cls, s), scenario)
         for a, b in zip(actual, expected, strict=True):
             assert torch.equal(a, b), scenario.describe()
+
+
+def test_int32_element_offsets_fail_only_past_2_31_elements():
+    """``ElementOffsetInt32`` on the large-pool test's pool (untouched virtual memory)."""
+    scenario = large_pool_scenario(ReferenceBackend.capabilities(), "cpu")
+    assert scenario is not None
+    reason = unavailable_reason(scenario)
+    if reason is not None:
+        pytest.skip(f"pool past 2^31 elements not run on this machine: {reason}")
+    check_large_pool_step(BackendEntry("reference", ReferenceBackend, "builtin"), scenario)
+    with pytest.raises(PropertyFailure, match="EXCEEDS bound"):
+        check_large_pool_step(BackendEntry("int32", t.ElementOffsetInt32, "spec"), scenario)

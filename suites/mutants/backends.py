@@ -2,7 +2,9 @@
 
 Most override one small method of a built-in, so the bug is the only
 difference from a backend that passes. ``MUTANTS`` ends with the threshold
-mutants of ``suites.mutants.thresholds`` (bugs only production shapes reach).
+mutants of ``suites.mutants.thresholds`` (bugs only production shapes reach), the
+variant mutants of ``suites.mutants.variants`` and the field mutants of
+``suites.mutants.field`` (bugs that shipped in real engines).
 """
 
 from __future__ import annotations
@@ -328,6 +330,7 @@ MUTANTS: tuple[type, ...] = (
 from suites.mutants.thresholds import (  # noqa: E402, F401
     THRESHOLD_MUTANTS,
     DpRank3Bits,
+    ElementOffsetInt32,
     GqaPack8,
     GridCap64,
     HardcodedBlock16,
@@ -359,3 +362,31 @@ from suites.mutants.variants import (  # noqa: E402, F401
 )
 
 MUTANTS += VARIANT_MUTANTS
+
+from suites.mutants.field import (  # noqa: E402, F401
+    FIELD_MUTANTS,
+    AlibiDroppedInDecode,
+    CombinedKvBlockStrideAssumed,
+    FiniteSentinelMax,
+    Fp8ScalesFallBackToOne,
+    Fp8ScalesIgnoredInRaggedPrefill,
+    GqaGroupPaddedToPow2,
+    HeadDimTailUnmasked,
+    MergeStartsEmptyNaN,
+    NewKvStridesAssumed,
+    OutputChunkAtColumnZero,
+    PageTokensPast128Dropped,
+    ScratchWrapsPastTokenBudget,
+    SinksIgnoredInPrefill,
+    SoftCapAfterMaskInDecode,
+    SoftCapIgnored,
+    SpecVerifyNoCausal,
+    SpecVerifyPaddedQStride,
+    SpecVerifyRowsAsDecode,
+    SplitCountEmptyTail,
+    SplitKvEmptySplitNaN,
+    WindowIgnoredOnCachedPrefix,
+    WindowMaskFinite,
+)
+
+MUTANTS += FIELD_MUTANTS

@@ -231,6 +231,28 @@ class PageIdInt16(ReferenceBackend):
         return [row % limit for row in rows]
 
 
+def int32(value: int) -> int:
+    """``value`` as a two's-complement int32 would hold it."""
+    return (value + 2**31) % 2**32 - 2**31
+
+
+class ElementOffsetInt32(ReferenceBackend):
+    """Forms each cached token's element offset ``row * num_kv_heads * head_dim`` in int32.
+
+    Threshold: a K/V tensor past 2^31 elements with a sequence on pages whose
+    offsets lie past it (``harness.large_pool``'s test; no drawn step comes
+    near). The wrapped, negative offset addresses memory before the tensor,
+    modelled as counting back from its end: untouched memory, or other pages.
+    """
+
+    def cache_rows(self, pages: list[int], length: int) -> list[int]:
+        geometry = self._require_bound()
+        row_elements = self.num_kv_heads * self.head_dim
+        limit = geometry.num_pages * geometry.page_size
+        rows = super().cache_rows(pages, length)
+        return [int32(row * row_elements) // row_elements % limit for row in rows]
+
+
 class DpRank3Bits(ReferenceBackend):
     """The kernel's stale-id guard takes its page range from a 3-bit rank field.
 
@@ -268,5 +290,6 @@ THRESHOLD_MUTANTS: tuple[type, ...] = (
     GridCap64,
     SeqLenInt16,
     PageIdInt16,
+    ElementOffsetInt32,
     DpRank3Bits,
 )
