@@ -442,7 +442,7 @@ def _offset_queries(s: Scenario, step: Step, query: torch.Tensor) -> None:
     start = 0
     for index, row in enumerate(step.rows):
         offset = s.logit_offsets[index] if index < len(s.logit_offsets) else 0.0
-        if row.seq_id is not None and offset:
+        if row.seq_id is not None:  # a row without an offset gets 0: its logits stay put
             query[start : start + row.query_len, :, -1] = offset / (s.softmax_scale * a)
         start += row.query_len
 

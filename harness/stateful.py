@@ -208,6 +208,9 @@ def conformance_machine(
         @precondition(can_step)
         @rule(data=st.data())
         def step(self, data: st.DataObject) -> None:
+            if self.can_speculate() and data.draw(st.integers(0, 2), label="verify") == 0:
+                self._speculate(data)  # an engine with a draft model verifies every decode
+                return
             rank = data.draw(st.sampled_from([r for r in self.ranks if self._growable(r)]))
             if rank in self._with_room() and data.draw(st.booleans(), label="a request arrives"):
                 self._new_request(rank, data)  # as an engine schedules it: with the running ones
@@ -233,6 +236,9 @@ def conformance_machine(
         @precondition(can_speculate)
         @rule(data=st.data())
         def speculate(self, data: st.DataObject) -> None:
+            self._speculate(data)
+
+        def _speculate(self, data: st.DataObject) -> None:
             """A verify step: every decoding request of a rank takes the same 2-8 tokens."""
             rank = data.draw(st.sampled_from([r for r in self.ranks if self._decoding(r)]))
             decoding = self._decoding(rank)

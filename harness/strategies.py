@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from harness.contract import Capabilities
 from harness.kv_pages import PoolLayout, dp_page_range, pages_needed
 from harness.production_shapes import (
+    BUDGET_LONG_CHUNKS,
     BUDGET_QUERY_LENS,
     LARGE_DP_SIZES,
     LONG_CONTEXT,
@@ -252,6 +253,20 @@ def _spec_decode_batch(
     return contexts, (query,) * rows
 
 
+@st.composite
+def _served_heads(draw: st.DrawFn, caps: Capabilities, base: Scenario, budget: Budget) -> Scenario:
+    """``base`` with one or two KV heads at the GQA group of a served model (``SPEC_GROUPS``).
+
+    Speculative decoding runs on served models, whose groups (5, 6, 7 among
+    them) the plain 1..8 draw rarely gives; sinks and ALiBi slopes are per
+    head, so the variant is drawn again for the new head count.
+    """
+    kv_heads = draw(balanced((1, 2)))  # plain draws stay small; the regime has 4 and 8 too
+    groups = [g for g in SPEC_GROUPS if kv_heads * g <= budget.max_heads] or [1]
+    heads = kv_heads * draw(balanced(tuple(groups)))
+    return with_variant(draw, caps, replace(base, num_heads=heads, num_kv_heads=kv_heads))
+
+
 def _logit_offsets(draw: st.DrawFn, base: Scenario, rows: int) -> tuple[float, ...]:
     """Per-sequence logit offsets one step in ``OFFSET_ONE_IN`` (none: shrinks there).
 
@@ -360,6 +375,13 @@ def scenarios(
         )
     base = draw(geometries(caps, budget, device))
     contexts, queries = draw(batches(base.page_size, budget, caps.max_seq_len))
+    if (
+        len(queries) >= 2
+        and len(set(queries)) == 1
+        and queries[0] >= 2
+        and queries[0] < min(contexts)
+    ):
+        base = draw(_served_heads(caps, base, budget))  # a spec-decode step
     dp_size = draw(st.integers(min_dp_size, max_dp))
     return _step_options(draw, caps, base, contexts, queries, dp_size)
 
@@ -513,8 +535,8 @@ def _token_budget_batch(
     """A step just past an engine's token budget: many short prefills, chunks and decodes.
 
     Rows come from a seeded ``random.Random`` (hundreds of rows would be
-    hundreds of draws): a quarter decodes over up to 300 keys, the rest
-    64-600 new tokens over 0-63 cached ones. When the cost limit runs short,
+    hundreds of draws): half decodes over up to 300 keys, the rest 64-129
+    new tokens (one in eight 200-600) over 0-63 cached ones. When the cost limit runs short,
     the remaining tokens come as 64-token prefills, the cheapest rows.
     """
     cheapest = 64
@@ -535,10 +557,11 @@ def _token_budget_batch(
     tokens = 0
     while tokens < target:
         left = target - tokens
-        if rng.random() < 0.25:
+        if rng.random() < 0.5:
             query, length = 1, rng.randint(2, min(300, cap))
         else:
-            query = min(rng.choice(BUDGET_QUERY_LENS), left)
+            chunks = BUDGET_LONG_CHUNKS if rng.random() < 0.125 else BUDGET_QUERY_LENS
+            query = min(rng.choice(chunks), left)
             length = min(query + rng.choice((0, 0, 0, 1, 17, 63)), cap)
         slots = pages_needed(length, g.page_size) * g.page_size
         after = (slots_left - slots, work_left - query * length)

@@ -1,10 +1,14 @@
 """What the conformance strategies draw: a distribution table over many drawn steps.
 
-    python tools/draw_distribution.py [--examples 600] [--profile ci]
+    python tools/draw_distribution.py [--examples 600] [--profile ci] [--row-maxima]
 
 Draws the way the suite does (derandomized, as the ``ci`` profile), with
-the claim of a backend that claims everything: plain ``scenarios`` (which
-mix in production shapes) and each production regime in turn.
+the claim of ``reference`` (every variant): plain ``scenarios`` (which mix
+in production shapes) and each production regime in turn. Besides sizes it
+counts what engines run every day: speculative-decoding steps by query
+length and GQA group, logit offsets, new tokens per step and pool sizes;
+``--row-maxima`` also builds each plain draw's tensors and buckets the
+actual maximum logit of every row (slower: about a minute per 1000 draws).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -19,10 +24,13 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.contract import Capabilities
+import torch
+
+from harness.coverage import labels
 from harness.production_shapes import REGIMES
 from harness.profiles import get_profile
-from harness.scenario import Scenario
+from harness.registry import default_registry
+from harness.scenario import Scenario, make_step_inputs
 from harness.strategies import production_scenarios, scenarios
 
 BINS = {
@@ -94,7 +102,52 @@ def describe(drawn: list[Scenario]) -> dict[str, Counter[str]]:
         extra["pool not divisible by dp_size"] += s.total_pages % s.dp_size != 0
         extra["page ids past 32767"] += s.total_pages > 32768
     counts["other"] = extra
+    counts["field regimes"] = field_regimes(drawn)
     return counts
+
+
+def field_regimes(drawn: list[Scenario]) -> Counter[str]:
+    """Spec-decode steps per (query length, GQA group), offsets, tokens per step, pool sizes."""
+    found: Counter[str] = Counter()
+    for s in drawn:
+        step = labels(s)
+        if step["batch"] == "spec-decode":
+            group = "MQA" if s.num_kv_heads == 1 else s.num_heads // s.num_kv_heads
+            found[f"spec-decode q={s.query_lens[0]} group={group}"] += 1
+        found[f"logit offset {step['logit_offset']}"] += 1
+        found[f"tokens per step {step['tokens']}"] += 1
+        found[f"pool elements {step['pool']}"] += 1
+    return found
+
+
+MAXIMA_EDGES = (-1e5, -3e4, -1e4, -1e3, 1e3, 1e4, 3e4, 1e5)
+
+
+def row_maxima(drawn: list[Scenario]) -> Counter[str]:
+    """Each real query row's largest logit (over heads), bucketed at ``MAXIMA_EDGES``."""
+    found: Counter[str] = Counter()
+    for s in drawn:
+        inputs = make_step_inputs(replace(s, num_layers=1))
+        query, start = inputs.queries[0].double(), 0
+        for row, seq in zip(inputs.step.rows, inputs.sequences[0], strict=True):
+            tokens = query[start : start + row.query_len]
+            start += row.query_len
+            if seq is None:
+                continue
+            keys = seq.key.double().repeat_interleave(s.num_heads // s.num_kv_heads, dim=1)
+            best = torch.einsum("qhd,lhd->qhl", tokens, keys).amax(dim=(1, 2)) * s.softmax_scale
+            for value in best.tolist():
+                found[_maximum_bucket(value)] += 1
+    return found
+
+
+def _maximum_bucket(value: float) -> str:
+    """``[low, high)`` of ``MAXIMA_EDGES`` holding ``value``."""
+    below = [e for e in MAXIMA_EDGES if e <= value]
+    above = [e for e in MAXIMA_EDGES if e > value]
+    low = f"{below[-1]:g}" if below else "-inf"
+    high = f"{above[0]:g}" if above else "inf"
+    return f"[{low}, {high})"
 
 
 def _order(bucket: str) -> tuple[int, str]:
@@ -115,12 +168,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=600)
     parser.add_argument("--profile", default="ci")
+    parser.add_argument("--row-maxima", action="store_true", help="bucket actual row maxima")
     args = parser.parse_args()
     budget = get_profile(args.profile).budget
-    caps = Capabilities()
-    print_table(
-        "scenarios (every property)", collect(scenarios(caps, budget=budget), args.examples)
-    )
+    caps = default_registry().entry("reference").capabilities
+    plain = collect(scenarios(caps, budget=budget), args.examples)
+    print_table("scenarios (every property)", plain)
+    if args.row_maxima:
+        ordered = sorted(row_maxima(plain).items(), key=lambda kv: float(kv[0][1:].split(",")[0]))
+        print("- row maxima: " + ", ".join(f"{k}: {v}" for k, v in ordered))
     production = []
     for regime in REGIMES:
         production += collect(production_scenarios(caps, regime, budget=budget), args.examples // 6)
