@@ -1,6 +1,6 @@
 """Run the conformance suite against every planted bug and say which properties caught it.
 
-    python -m suites.mutants.kill_matrix [--profile kill|ci|thorough] [--mutants all|variants]
+    python -m suites.mutants.kill_matrix [--profile kill|ci|thorough] [--mutants all|variants|field]
 
 It prints the matrix (mutants down, tests across), then for each test the
 mutants only it catches, or a note naming the test that subsumes it.
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.conform import pytest_arguments
-from suites.mutants.backends import MUTANTS, VARIANT_MUTANTS
+from suites.mutants.backends import FIELD_MUTANTS, MUTANTS, VARIANT_MUTANTS
 
 BUILTINS = ("reference", "sdpa")
 
@@ -157,11 +157,13 @@ def main() -> int:
     parser.add_argument(
         "--mutants",
         default="all",
-        choices=("all", "variants"),
-        help="every planted bug, or only the attention variants' (default: all)",
+        choices=("all", "variants", "field"),
+        help="every planted bug, only the attention variants', or only the field catalogue's "
+        "(real engine bugs; default: all)",
     )
     args = parser.parse_args()
-    planted = mutant_specs(VARIANT_MUTANTS if args.mutants == "variants" else MUTANTS)
+    catalogues = {"all": MUTANTS, "variants": VARIANT_MUTANTS, "field": FIELD_MUTANTS}
+    planted = mutant_specs(catalogues[args.mutants])
     specs = [*BUILTINS, *planted]
     print(
         f"running the {args.profile} profile over {len(specs)} backends in one pytest process "
