@@ -60,10 +60,16 @@ WINDOWS = (1, 2, 3, 4, 7, 16, 64)  # small windows: small contexts cross them
 PRODUCTION_WINDOWS = (64, 128, 256, 1024, 4096)  # peer grids' and Mistral's windows
 SOFT_CAPS = (10.0, 30.0, 50.0, 1.0, 5.0)  # the peer grids' caps, then ones small logits reach
 FP8_SCALES = (1.0, 0.5, 0.0625, 0.037, 2.0, 0.3)  # powers of two and not
-LOGIT_OFFSETS = (-1e5, -3.5e4, -1.2e4, -1e3, 1e3, 1.2e4, 3.5e4, 1e5)
-"""Row offsets past the finite sentinels kernels start a running maximum at (-1e4, -3e4 in
-fp16-minded code) and far above zero (an ``exp2`` domain, a max kept in a narrow type)."""
-OFFSET_ONE_IN = 4  # steps whose rows get logit offsets
+LOGIT_OFFSETS = (-1e5, -6e4, -3.5e4, -1.2e4, -1e3, 1e3, 3.5e4, 1e5)
+"""Row offsets past the finite sentinels kernels start a running maximum or mask at (-1e4,
+-3e4, -5e4), the side where those bugs live drawn more, and far above zero (an ``exp2``
+domain, a max kept in a narrow type)."""
+OFFSET_ONE_IN = 3  # steps whose rows get logit offsets
+
+
+MIXED_REGIMES = tuple(r for r in REGIMES if r != "token-budget")
+"""Regimes mixed into plain draws: a token-budget step (thousands of rows, seconds on a
+CPU backend) is drawn by its own production test only."""
 
 
 @dataclass(frozen=True)
@@ -357,12 +363,12 @@ def scenarios(
     """One rank's step with everything the contract varies, inside ``caps``, on ``device``.
 
     One draw in ``budget.production_rate`` is a production shape of a drawn
-    regime; the rest are small, and shrinking lands there.
+    regime (``MIXED_REGIMES``); the rest are small, and shrinking lands there.
     """
     max_dp = _max_dp(caps, budget, dp_aware, min_dp_size)
     rate = budget.production_rate
     if rate and draw(st.integers(0, rate - 1)) == rate - 1:
-        regime = draw(st.sampled_from(REGIMES))
+        regime = draw(st.sampled_from(MIXED_REGIMES))
         return draw(
             production_scenarios(
                 caps,

@@ -62,7 +62,7 @@ def test_builtin_passes_every_property():
     result = conform("--backend", "sdpa", "--profile", "kill")
     assert result.returncode == EXIT_OK, result.stdout[-3000:]
     out = result.stdout
-    assert out.startswith("attn-harness conform: sdpa · 21 properties")
+    assert out.startswith("attn-harness conform: sdpa · 22 properties")
     assert "PASSED: every property held for sdpa" in out.splitlines()[-1]
     table = out[out.index("property ") :]
     assert "test_outputs_match_oracle" in table

@@ -243,6 +243,10 @@ class ElementOffsetInt32(ReferenceBackend):
     offsets lie past it (``harness.large_pool``'s test; no drawn step comes
     near). The wrapped, negative offset addresses memory before the tensor,
     modelled as counting back from its end: untouched memory, or other pages.
+
+    Source: vllm-project/vllm#50427 (FlexAttention's paged K/V offsets overflow
+    int32: a crash or silently wrong output); also vllm-project/vllm#1514
+    (integer-overflow fixes in attention and cache ops).
     """
 
     def cache_rows(self, pages: list[int], length: int) -> list[int]:
