@@ -24,13 +24,16 @@ from harness.strategies import CI_BUDGET, multi_rank_scenarios
 BASE = Scenario(num_heads=8, num_kv_heads=2, page_size=3, context_lens=(5,), query_lens=(1,))
 
 
-def wanted(caps: Capabilities, dp_aware: bool = True) -> set[tuple[str, str]]:
+def wanted(
+    caps: Capabilities, dp_aware: bool = True, large_pool: bool = False
+) -> set[tuple[str, str]]:
     found = requirements(
         caps,
         dp_aware=dp_aware,
         max_dp_size=CI_BUDGET.max_dp_size,
         max_context=CI_BUDGET.max_context,
         limit=CI_BUDGET.production,
+        large_pool=large_pool,
     )
     return {(r.dimension, r.wanted) for r in found}
 
@@ -181,3 +184,16 @@ def test_labels_print_in_a_fixed_order_and_stateful_steps_are_not_examples():
     rank_line = next(line for line in log.table("b") if line.strip().startswith("rank"))
     assert rank_line.split()[1:] == ["only", "2", "first", "1", "last", "1"]
     assert log.as_json()["b"]["examples_by_test"] == {"test_steps": 1, "test_x": 2}
+
+
+def test_ci_promises_the_field_regimes():
+    promised = wanted(Capabilities(), large_pool=True)
+    assert ("batch", "spec-decode") in promised
+    assert {("tokens", b) for b in ("8193-16384", "16385-65536")} <= promised
+    assert {("logit_offset", "-3e4 or past"), ("logit_offset", "+3e4 or past")} <= promised
+    assert ("pool", "2^31+") in promised
+    fp16 = wanted(Capabilities(dtypes=(torch.float16,)))
+    assert ("logit_offset", "-1e3 to -3e4") in fp16
+    assert ("pool", "2^31+") not in fp16
+    short = wanted(Capabilities(max_seq_len=32))
+    assert not any(d == "tokens" and b != "1-8192" for d, b in short)

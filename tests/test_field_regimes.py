@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.contract import Capabilities
-from harness.coverage import labels, requirements
+from harness.coverage import labels
 from harness.kv_pages import pages_needed
 from harness.large_pool import (
     INT32_ELEMENTS,
@@ -153,34 +153,6 @@ def test_tokens_per_step_are_counted_in_buckets():
     s = Scenario(context_lens=(64,) * 129, query_lens=(64,) * 129, total_pages=129 * 16 + 1)
     assert labels(s)["tokens"] == "8193-16384"
     assert labels(replace(s, context_lens=(5,), query_lens=(1,)))["tokens"] == "1-8192"
-
-
-# -- coverage promises -------------------------------------------------------------------------
-
-
-def _wanted(caps: Capabilities, large_pool: bool = False) -> set[tuple[str, str]]:
-    found = requirements(
-        caps,
-        dp_aware=True,
-        max_dp_size=CI_BUDGET.max_dp_size,
-        max_context=CI_BUDGET.max_context,
-        limit=CI_BUDGET.production,
-        large_pool=large_pool,
-    )
-    return {(r.dimension, r.wanted) for r in found}
-
-
-def test_ci_promises_the_field_regimes():
-    wanted = _wanted(Capabilities(), large_pool=True)
-    assert ("batch", "spec-decode") in wanted
-    assert {("tokens", b) for b in ("8193-16384", "16385-65536")} <= wanted
-    assert {("logit_offset", "-3e4 or past"), ("logit_offset", "+3e4 or past")} <= wanted
-    assert ("pool", "2^31+") in wanted
-    fp16 = _wanted(Capabilities(dtypes=(torch.float16,)))
-    assert ("logit_offset", "-1e3 to -3e4") in fp16
-    assert ("pool", "2^31+") not in fp16
-    short = _wanted(Capabilities(max_seq_len=32))
-    assert not any(d == "tokens" and b != "1-8192" for d, b in short)
 
 
 # -- a pool past 2^31 elements -----------------------------------------------------------------
