@@ -112,8 +112,9 @@ def field_regimes(drawn: list[Scenario]) -> Counter[str]:
     for s in drawn:
         step = labels(s)
         if step["batch"] == "spec-decode":
-            group = "MQA" if s.num_kv_heads == 1 else s.num_heads // s.num_kv_heads
-            found[f"spec-decode q={s.query_lens[0]} group={group}"] += 1
+            group = s.num_heads // s.num_kv_heads
+            mqa = " (MQA)" if s.num_kv_heads == 1 and group > 1 else ""
+            found[f"spec-decode q={s.query_lens[0]} group={group}{mqa}"] += 1
         found[f"logit offset {step['logit_offset']}"] += 1
         found[f"tokens per step {step['tokens']}"] += 1
         found[f"pool elements {step['pool']}"] += 1
