@@ -64,7 +64,7 @@ LOGIT_OFFSETS = (-1e5, -6e4, -3.5e4, -1.2e4, -1e3, 1e3, 3.5e4, 1e5)
 """Row offsets past the finite sentinels kernels start a running maximum or mask at (-1e4,
 -3e4, -5e4), the side where those bugs live drawn more, and far above zero (an ``exp2``
 domain, a max kept in a narrow type)."""
-OFFSET_ONE_IN = 3  # steps whose rows get logit offsets
+OFFSET_ONE_IN = 2  # steps whose rows get logit offsets
 
 
 MIXED_REGIMES = tuple(r for r in REGIMES if r != "token-budget")
@@ -420,9 +420,11 @@ def production_geometries(
         wide = tuple(d for d in head_dims if d > 128) if kind == "wide-head" else ()
         head_dim = draw(st.sampled_from(wide or head_dims))
     elif regime == "spec-decode":  # the GQA groups of served models, MQA included
-        kv_heads = 1 if kind == "mqa" else draw(st.sampled_from((1, 2, 4, 8)))
-        heads = draw(st.sampled_from(MQA_HEADS)) if kind == "mqa" else None
-        heads = heads or kv_heads * draw(balanced(SPEC_GROUPS))
+        if kind == "mqa":
+            kv_heads, heads = 1, draw(st.sampled_from(MQA_HEADS))
+        else:
+            kv_heads = draw(st.sampled_from((1, 2, 4, 8)))
+            heads = kv_heads * draw(balanced(SPEC_GROUPS))
         fitting = tuple(d for d in head_dims if d <= 128) or head_dims
         head_dim = draw(st.sampled_from(fitting))
     elif regime == "token-budget":  # tens of thousands of tokens fit only with tiny heads

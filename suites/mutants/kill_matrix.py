@@ -88,24 +88,55 @@ SUBSUMED = {
 """Why a test with no bug of its own is kept: which other test catches its planted bugs."""
 
 
-def run_suite(specs: list[str], profile: str) -> dict[str, Verdict]:
-    """One pytest run over ``specs``; per backend, each test's outcome."""
+LOAD_EVERY_MUTANT = ("-p", "suites.mutants.backends")
+"""Every worker imports every mutant module: hypothesis mixes literal constants of the loaded
+modules into its draws, so each worker must load the same ones for the draws to agree."""
+
+
+def run_suite(specs: list[str], profile: str, workers: int | None = None) -> dict[str, Verdict]:
+    """Per backend, each test's outcome: ``specs`` split over ``workers`` pytest processes.
+
+    Each backend's draws depend only on the test and the backend's claim
+    (derandomized profiles), not on which backends share a process, so the
+    split changes the wall time, not the verdicts. ``workers`` defaults to
+    the usable cores (the suite runs torch on one thread per process).
+    """
+    count = max(1, min(workers or len(os.sched_getaffinity(0)), len(specs)))
+    chunks = [specs[i::count] for i in range(count)]
     root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # as `conform` runs it
     with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "junit.xml"
-        command = [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            *pytest_arguments(specs, profile, str(report)),
+        reports = [Path(tmp) / f"junit-{i}.xml" for i in range(count)]
+        runs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "-q",
+                    *LOAD_EVERY_MUTANT,
+                    *pytest_arguments(chunk, profile, str(r)),
+                ],
+                cwd=root,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for chunk, r in zip(chunks, reports, strict=True)
         ]
-        env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # as `conform` runs it
-        subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, check=False)
-        if not report.exists():
-            raise RuntimeError("the conformance run wrote no JUnit report")
-        tree = ET.parse(report)
+        for run in runs:
+            run.wait()
+        if not all(r.exists() for r in reports):
+            raise RuntimeError("a conformance run wrote no JUnit report")
+        trees = [ET.parse(r) for r in reports]
     outcomes: dict[str, dict[str, str]] = defaultdict(dict)
+    for tree in trees:
+        _read_outcomes(tree, outcomes)
+    return {spec: Verdict(spec, dict(outcomes[spec])) for spec in specs}
+
+
+def _read_outcomes(tree: ET.ElementTree, outcomes: dict[str, dict[str, str]]) -> None:
+    """Each JUnit test case's outcome, under the backend its ``backend`` property names."""
     for case in tree.iter("testcase"):
         props = {p.get("name"): p.get("value") for p in case.iter("property")}
         backend = props.get("backend")
@@ -121,7 +152,6 @@ def run_suite(specs: list[str], profile: str) -> dict[str, Verdict]:
         seen = outcomes[backend].get(name)  # parametrized tests: any failure counts
         if seen != "failed" and (seen is None or outcome != "skipped"):
             outcomes[backend][name] = outcome
-    return {spec: Verdict(spec, dict(outcomes[spec])) for spec in specs}
 
 
 def exclusive_catches(verdicts: dict[str, Verdict], mutants: list[str]) -> dict[str, list[str]]:
@@ -167,7 +197,7 @@ def main() -> int:
     specs = [*BUILTINS, *planted]
     print(
         f"running the {args.profile} profile over {len(specs)} backends in one pytest process "
-        "(kill: about 7 minutes on 2 cores; the matrix prints at the end)",
+        "(split over the usable cores; the matrix prints at the end)",
         flush=True,
     )
     started = time.perf_counter()
