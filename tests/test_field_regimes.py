@@ -61,7 +61,7 @@ def _uniform(s: Scenario) -> int | None:
 
 
 def test_plain_draws_include_spec_decode_steps_at_every_query_length():
-    drawn = collect(scenarios(ALL), 600)
+    drawn = collect(scenarios(ALL), 1500)
     lengths = Counter(q for s in drawn if (q := _uniform(s)) is not None)
     assert set(lengths) == set(range(2, 9)), lengths
     assert sum(lengths.values()) >= 0.05 * len(drawn)
