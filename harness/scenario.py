@@ -208,12 +208,18 @@ FP8_HEADROOM = 0.9
 """K/V of an FP8 scenario stay within this fraction of the FP8 range times the scale."""
 
 
+def fp8_limit(variant: AttentionVariant, scale: float) -> float:
+    """The largest magnitude an FP8 cache holds for values stored as ``value / scale``."""
+    assert variant.cache_dtype is not None
+    return FP8_HEADROOM * torch.finfo(variant.cache_dtype).max * scale
+
+
 def fit_fp8(tensor: torch.Tensor, scale: float, variant: AttentionVariant) -> torch.Tensor:
     """``tensor`` clamped so ``tensor / scale`` fits the FP8 range (no saturation to test)."""
     if variant.cache_dtype is None:
         return tensor
-    limit = FP8_HEADROOM * torch.finfo(variant.cache_dtype).max * scale
-    limit = min(limit, torch.finfo(tensor.dtype).max)  # e5m2 * 2 is past fp16's range
+    # e5m2 * 2 is past fp16's range
+    limit = min(fp8_limit(variant, scale), torch.finfo(tensor.dtype).max)
     return tensor.clamp(-limit, limit)
 
 
@@ -407,13 +413,12 @@ def logit_offset_limit(s: Scenario) -> float:
     room = torch.finfo(s.dtype).max / 2
     raw = min(room, 1e30)
     if s.variant.cache_dtype is not None:
-        key_cap = FP8_HEADROOM * torch.finfo(s.variant.cache_dtype).max * s.variant.k_scale
-        raw = min(raw, room * key_cap)
+        raw = min(raw, room * fp8_limit(s.variant, s.variant.k_scale))
     return min(MAX_LOGIT_OFFSET, raw * s.softmax_scale)
 
 
 def offset_key_component(s: Scenario) -> float:
-    """The last head-dim component every key of an offset scenario holds (see ``_offset_logits``).
+    """The last head-dim component every key of an offset scenario holds (see ``_offset_queries``).
 
     ``sqrt`` of the largest raw offset, so query and key share the magnitude;
     an FP8 cache caps it at its range times ``k_scale``.
@@ -421,8 +426,7 @@ def offset_key_component(s: Scenario) -> float:
     raw = max(abs(o) for o in s.logit_offsets) / s.softmax_scale
     component = math.sqrt(raw)
     if s.variant.cache_dtype is not None:
-        fp8_max = torch.finfo(s.variant.cache_dtype).max
-        component = min(component, FP8_HEADROOM * fp8_max * s.variant.k_scale)
+        component = min(component, fp8_limit(s.variant, s.variant.k_scale))
     return component
 
 

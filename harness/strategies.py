@@ -470,8 +470,7 @@ def production_batches(
     cap = max_seq_len or LONG_CONTEXT * 2
 
     def fits(length: int, query: int) -> bool:
-        slots = pages_needed(length, g.page_size) * g.page_size
-        return length <= cap and slots <= tokens_left and query * length <= query_context_left
+        return _fits(g, length, query, tokens_left, query_context_left, cap)
 
     if regime == "token-budget":
         return draw(_token_budget_batch(g, tokens_left, query_context_left, cap))
