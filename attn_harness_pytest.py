@@ -40,7 +40,9 @@ from typing import Any
 
 import pytest
 
-PROFILES = ("ci", "thorough", "kill")  # defined in harness.profiles
+from harness.conformance.plugin_names import PROFILE_NAMES as PROFILES
+from harness.conformance.plugin_names import backend_entry_of, cache_root
+
 _STATE: dict[str, Any] = {
     "profile": "ci",
     "device": "cpu",
@@ -169,7 +171,7 @@ def pytest_configure(config: pytest.Config) -> None:
     specs = config.getoption("backend")
     if specs:  # resolve now, so an unloadable spec is a usage error before collection
         _STATE["entries"] = _resolve(specs)
-    from harness.conform_report import Verdicts
+    from harness.conformance.report import Verdicts
 
     _STATE["verdicts"] = Verdicts()
     _STATE["reporter"] = None
@@ -179,12 +181,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _install_compact_reporter(config: pytest.Config) -> None:
     """Put the compact reporter in the place of pytest's terminal output."""
-    from harness.conform_report import CompactReporter
+    from harness.conformance.report import CompactReporter
 
     standard = config.pluginmanager.getplugin("terminalreporter")
     if standard is not None:
         config.pluginmanager.unregister(standard)
-    reporter = CompactReporter(config, _compact_summary)
+    reporter = CompactReporter(config, _compact_summary, sizing_notes)
     config.pluginmanager.register(reporter, "attn-harness-compact-reporter")
     _STATE["reporter"] = reporter
 
@@ -204,17 +206,12 @@ def _parse_replay(value: str | None) -> tuple[str, str | None, bytes | None] | N
         return None
     if "@" not in value:
         return value, None, None
-    from harness.conform_report import parse_replay
+    from harness.conformance.report import parse_replay
 
     try:
         return parse_replay(value)
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from exc
-
-
-def cache_root() -> Path:
-    """Outside any repository: ``$ATTN_HARNESS_CACHE`` or ``~/.cache/attn-harness``."""
-    return Path(os.environ.get("ATTN_HARNESS_CACHE") or Path.home() / ".cache" / "attn-harness")
 
 
 def keep_hypothesis_files_out_of_the_working_directory() -> None:
@@ -249,8 +246,8 @@ def _limit_shrinking(seconds: float) -> None:
 
 
 def _resolve(specs: list[str]) -> list[Any]:
-    from harness.errors import BackendLoadError
-    from harness.registry import default_registry
+    from harness.core.errors import BackendLoadError
+    from harness.core.registry import default_registry
 
     entries = []
     for spec in specs:
@@ -271,7 +268,7 @@ def selected_entries() -> list[Any]:
     for by name, it runs and fails so.
     """
     if _STATE["entries"] is None:
-        from harness.registry import default_registry, split_by_device
+        from harness.core.registry import default_registry, split_by_device
 
         claiming, others = split_by_device(default_registry().entries(), _STATE["device"])
         _STATE["entries"] = claiming
@@ -285,8 +282,8 @@ def current_device() -> str:
 
 
 def current_profile() -> Any:
-    """The ``harness.profiles.Profile`` chosen on the command line."""
-    from harness.profiles import get_profile
+    """The ``harness.conformance.profiles.Profile`` chosen on the command line."""
+    from harness.conformance.profiles import get_profile
 
     profile = get_profile(_STATE["profile"])
     if _STATE["time_limit"] is not None:
@@ -337,15 +334,15 @@ def sizing_notes() -> list[str]:
 
 def get_default_examples() -> int:
     """Examples per property test of the chosen profile, before ``--examples``."""
-    from harness.profiles import get_profile
+    from harness.conformance.profiles import get_profile
 
     return int(get_profile(_STATE["profile"]).settings.max_examples)
 
 
 def coverage_log() -> Any:
-    """The session's ``harness.coverage.CoverageLog``."""
+    """The session's ``harness.conformance.claim_coverage.CoverageLog``."""
     if _STATE["coverage"] is None:
-        from harness.coverage import CoverageLog
+        from harness.conformance.claim_coverage import CoverageLog
 
         _STATE["coverage"] = CoverageLog()
     return _STATE["coverage"]
@@ -369,12 +366,6 @@ def record_run(backend: str, run: Any) -> None:
         coverage_log().record_stateful(backend, _STATE["current_test"], run)
         if _STATE["reporter"] is not None:
             _STATE["reporter"].example_held()
-
-
-def backend_entry_of(item: pytest.Item) -> Any:
-    """The backend a conformance test runs on (its ``backend_entry`` parameter), else ``None``."""
-    callspec = getattr(item, "callspec", None)
-    return callspec.params.get("backend_entry") if callspec is not None else None
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -444,7 +435,7 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
     if entry is not None and own_settings is not None and interpreted_here(entry):
         from hypothesis import settings
 
-        from harness.profiles import Profile
+        from harness.conformance.profiles import Profile
 
         fewer = Profile.scaled_examples(own_settings.max_examples)
         setattr(test, settings_attribute, settings(own_settings, max_examples=fewer))
@@ -492,7 +483,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 def _failure(item: pytest.Item, backend: str, excinfo: Any) -> Any:
     """The failure as its entry in the summary: detail, scenario, replay command."""
-    from harness.conform_report import Failure, failure_text, replay_token, reproduce_blob
+    from harness.conformance.report import Failure, failure_text, replay_token, reproduce_blob
 
     exc = excinfo.value if excinfo is not None else None
     detail, scenario = failure_text(exc) if exc is not None else ("error in setup", "")
@@ -527,8 +518,8 @@ def _replay_command(backend: str, token: str) -> str:
 
 def _requirements(entry: Any) -> list[Any]:
     """What the profile promises to reach inside ``entry``'s claim (nothing if it does not)."""
-    from harness.coverage import requirements
-    from harness.large_pool import large_pool_scenario, unavailable_reason
+    from harness.conformance.claim_coverage import requirements
+    from harness.conformance.large_pool import large_pool_scenario, unavailable_reason
 
     profile = profile_for(entry)
     if not profile.enforces_coverage:
@@ -660,8 +651,8 @@ def _problem_lines(problems: list[tuple[str, str]]) -> list[str]:
 
 def _verdict_lines() -> list[str]:
     """The verdict table (backend x property) and one entry per failure."""
-    from harness.conform_report import failure_lines, verdict_rows
-    from harness.text_table import aligned
+    from harness.conformance.report import failure_lines, verdict_rows
+    from harness.core.text_table import aligned
 
     verdicts = _STATE["verdicts"]
     if verdicts is None or not verdicts.outcomes:
@@ -677,7 +668,7 @@ def _verdict_lines() -> list[str]:
 
 def _compact_summary(seconds: float) -> list[str]:
     """What ``attn-harness conform`` prints at the end (``--conformance-output compact``)."""
-    from harness.conform_report import closing_line
+    from harness.conformance.report import closing_line
 
     problems = _problems()
     full = "coverage tables: -v; as JSON: --junitxml FILE, or -- --coverage-json FILE"

@@ -15,8 +15,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from harness.contract import AttentionBackend, AttentionMetadata, Capabilities, LayerCache
-    from harness.errors import (
+    from harness.core.contract import AttentionBackend, AttentionMetadata, Capabilities, LayerCache
+    from harness.core.errors import (
         BackendLoadError,
         CacheBindingError,
         ForeignPageError,
@@ -24,8 +24,8 @@ if TYPE_CHECKING:
         OutOfPages,
         Unsupported,
     )
-    from harness.kv_pages import PagePool, PoolLayout, dp_page_range, make_layer_caches
-    from harness.registry import (
+    from harness.core.kv_pages import PagePool, PoolLayout, dp_page_range, make_layer_caches
+    from harness.core.registry import (
         DPBackendConfig,
         create_attention_backend,
         get_backend,
@@ -33,40 +33,40 @@ if TYPE_CHECKING:
         load_backend_spec,
         register_backend,
     )
-    from harness.validate import (
+    from harness.core.validate import (
         check_rank_ownership,
         validate_backend_args,
         validate_layer_caches,
         validate_metadata,
     )
-    from harness.variants import AttentionVariant
+    from harness.core.variants import AttentionVariant
 
 _PUBLIC = {
-    "AttentionBackend": "harness.contract",
-    "AttentionMetadata": "harness.contract",
-    "Capabilities": "harness.contract",
-    "LayerCache": "harness.contract",
-    "BackendLoadError": "harness.errors",
-    "CacheBindingError": "harness.errors",
-    "ForeignPageError": "harness.errors",
-    "MetadataError": "harness.errors",
-    "OutOfPages": "harness.errors",
-    "Unsupported": "harness.errors",
-    "PagePool": "harness.kv_pages",
-    "PoolLayout": "harness.kv_pages",
-    "dp_page_range": "harness.kv_pages",
-    "make_layer_caches": "harness.kv_pages",
-    "DPBackendConfig": "harness.registry",
-    "create_attention_backend": "harness.registry",
-    "get_backend": "harness.registry",
-    "list_backends": "harness.registry",
-    "load_backend_spec": "harness.registry",
-    "register_backend": "harness.registry",
-    "check_rank_ownership": "harness.validate",
-    "validate_backend_args": "harness.validate",
-    "validate_layer_caches": "harness.validate",
-    "validate_metadata": "harness.validate",
-    "AttentionVariant": "harness.variants",
+    "AttentionBackend": "harness.core.contract",
+    "AttentionMetadata": "harness.core.contract",
+    "Capabilities": "harness.core.contract",
+    "LayerCache": "harness.core.contract",
+    "BackendLoadError": "harness.core.errors",
+    "CacheBindingError": "harness.core.errors",
+    "ForeignPageError": "harness.core.errors",
+    "MetadataError": "harness.core.errors",
+    "OutOfPages": "harness.core.errors",
+    "Unsupported": "harness.core.errors",
+    "PagePool": "harness.core.kv_pages",
+    "PoolLayout": "harness.core.kv_pages",
+    "dp_page_range": "harness.core.kv_pages",
+    "make_layer_caches": "harness.core.kv_pages",
+    "DPBackendConfig": "harness.core.registry",
+    "create_attention_backend": "harness.core.registry",
+    "get_backend": "harness.core.registry",
+    "list_backends": "harness.core.registry",
+    "load_backend_spec": "harness.core.registry",
+    "register_backend": "harness.core.registry",
+    "check_rank_ownership": "harness.core.validate",
+    "validate_backend_args": "harness.core.validate",
+    "validate_layer_caches": "harness.core.validate",
+    "validate_metadata": "harness.core.validate",
+    "AttentionVariant": "harness.core.variants",
 }
 
 

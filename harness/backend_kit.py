@@ -39,9 +39,9 @@ fills it with NaN, so a kernel that reads past a sequence's end returns NaN.
 
 from __future__ import annotations
 
-from harness.kv_pages import put_rows, take_rows
-from harness.paged_base import PagedBackendBase, PreparedStep
-from harness.validate import (
+from harness.core.kv_pages import put_rows, take_rows
+from harness.core.paged_base import PagedBackendBase, PreparedStep
+from harness.core.validate import (
     CacheGeometry,
     CheckedMetadata,
     check_rank_is_bound,
@@ -52,7 +52,7 @@ from harness.validate import (
     validate_layer_caches,
     validate_metadata,
 )
-from harness.variants import AttentionVariant, dequantize, quantize
+from harness.core.variants import AttentionVariant, dequantize, quantize
 
 __all__ = [
     "AttentionVariant",

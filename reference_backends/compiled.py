@@ -52,10 +52,10 @@ from pathlib import Path
 
 import torch
 
-from harness.contract import Capabilities, LayerCache
-from harness.errors import Unsupported
-from harness.paged_base import PagedBackendBase, PreparedStep
-from harness.validate import CacheGeometry, CheckedMetadata
+from harness.core.contract import Capabilities, LayerCache
+from harness.core.errors import Unsupported
+from harness.core.paged_base import PagedBackendBase, PreparedStep
+from harness.core.validate import CacheGeometry, CheckedMetadata
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "paged_attention.cpp"
 ABI_VERSION = 2

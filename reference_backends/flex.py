@@ -73,9 +73,9 @@ from typing import Any, ClassVar
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from harness.contract import LayerCache
-from harness.paged_base import PagedBackendBase, PreparedStep
-from harness.validate import CacheGeometry, CheckedMetadata
+from harness.core.contract import LayerCache
+from harness.core.paged_base import PagedBackendBase, PreparedStep
+from harness.core.validate import CacheGeometry, CheckedMetadata
 
 BLOCK = 128  # flex's default sparse block size, for queries and keys
 EAGER_SCORES = 1 << 24  # most scores one eager call materialises (B * H * q * keys)

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from harness.paged_base import PagedBackendBase, PreparedStep
+from harness.core.paged_base import PagedBackendBase, PreparedStep
 
 __all__ = ["PagedBackendBase", "PreparedStep"]

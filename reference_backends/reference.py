@@ -12,9 +12,9 @@ import dataclasses
 
 import torch
 
-from harness.contract import Capabilities, LayerCache
-from harness.paged_base import PagedBackendBase, PreparedStep
-from harness.variants import CACHE_LAYOUTS, KV_CACHE_DTYPES
+from harness.core.contract import Capabilities, LayerCache
+from harness.core.paged_base import PagedBackendBase, PreparedStep
+from harness.core.variants import CACHE_LAYOUTS, KV_CACHE_DTYPES
 
 
 class ReferenceBackend(PagedBackendBase):

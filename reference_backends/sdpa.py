@@ -27,11 +27,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from harness.contract import Capabilities, LayerCache
-from harness.kv_pages import pages_needed
-from harness.paged_base import PagedBackendBase, PreparedStep
-from harness.validate import CacheGeometry, CheckedMetadata
-from harness.variants import CACHE_LAYOUTS, KV_CACHE_DTYPES, PLAIN, AttentionVariant
+from harness.core.contract import Capabilities, LayerCache
+from harness.core.kv_pages import pages_needed
+from harness.core.paged_base import PagedBackendBase, PreparedStep
+from harness.core.validate import CacheGeometry, CheckedMetadata
+from harness.core.variants import CACHE_LAYOUTS, KV_CACHE_DTYPES, PLAIN, AttentionVariant
 
 
 @dataclass(frozen=True)

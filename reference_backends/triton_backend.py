@@ -31,12 +31,12 @@ from types import ModuleType
 
 import torch
 
-from harness.contract import Capabilities, LayerCache
-from harness.errors import Unsupported
-from harness.paged_base import PagedBackendBase, PreparedStep
-from harness.triton_mode import interpret_triton_here, triton_interprets
-from harness.validate import CacheGeometry, CheckedMetadata
-from harness.variants import CACHE_LAYOUTS
+from harness.core.contract import Capabilities, LayerCache
+from harness.core.errors import Unsupported
+from harness.core.paged_base import PagedBackendBase, PreparedStep
+from harness.core.triton_mode import interpret_triton_here, triton_interprets
+from harness.core.validate import CacheGeometry, CheckedMetadata
+from harness.core.variants import CACHE_LAYOUTS
 
 LOG2E = 1.4426950408889634
 NO_WINDOW = 2**30  # a window no sequence reaches: the kernels' "no sliding window"
@@ -105,7 +105,7 @@ def kernels(device: torch.device) -> ModuleType:
 
     Triton decides when it is imported (its standard library) and when each
     ``@triton.jit`` runs: so the CPU path asks for the interpreter before
-    triton's first import (see ``harness.triton_mode``), and a process cannot
+    triton's first import (see ``harness.core.triton_mode``), and a process cannot
     use both kinds.
     """
     if device.type == "cpu" and not interpret_triton_here():

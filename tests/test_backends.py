@@ -16,16 +16,16 @@ from harness import (
     MetadataError,
     PoolLayout,
     create_attention_backend,
-    properties,
 )
-from harness.batches import BatchBuilder
-from harness.contract import capabilities_of
-from harness.kv_pages import PagePool, make_layer_caches
-from harness.oracle import SequenceKV
-from harness.paged_base import PagedBackendBase
-from harness.properties import bits, changed_slots, run_step
-from harness.registry import BackendEntry, default_registry
-from harness.scenario import Scenario, check_outputs, make_step_inputs, run_scenario
+from harness.conformance import properties
+from harness.conformance.properties import bits, changed_slots, run_step
+from harness.core.batches import BatchBuilder
+from harness.core.contract import capabilities_of
+from harness.core.kv_pages import PagePool, make_layer_caches
+from harness.core.paged_base import PagedBackendBase
+from harness.core.registry import BackendEntry, default_registry
+from harness.numerics.oracle import SequenceKV
+from harness.numerics.scenario import Scenario, check_outputs, make_step_inputs, run_scenario
 from reference_backends import ReferenceBackend, SdpaBackend
 from suites.mutants.backends import (
     AssumesContiguousPages,
@@ -356,8 +356,8 @@ def test_constructor_rejects_bad_arguments(name, kwargs, field):
 @pytest.mark.parametrize("name", BACKENDS)
 @pytest.mark.parametrize("layout", list(PoolLayout))
 def test_consecutive_steps(name, layout):
-    from harness.oracle import naive_attention, oracle_attention
-    from harness.tolerance import compare
+    from harness.numerics.oracle import naive_attention, oracle_attention
+    from harness.numerics.tolerance import compare
 
     heads, kv_heads, dim, page, total, layers = 4, 2, 8, 3, 24, 2
     pool = PagePool(total, dp_size=2)

@@ -1,4 +1,4 @@
-"""Unit tests for harness.batches: BatchBuilder over a PagePool."""
+"""Unit tests for harness.core.batches: BatchBuilder over a PagePool."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from hypothesis.stateful import (
     rule,
 )
 
-from harness.batches import BatchBuilder, StepRow, build_metadata
-from harness.errors import MetadataError, OutOfPages
-from harness.kv_pages import PagePool, dp_page_range
-from harness.validate import check_rank_ownership, validate_metadata
+from harness.core.batches import BatchBuilder, StepRow, build_metadata
+from harness.core.errors import MetadataError, OutOfPages
+from harness.core.kv_pages import PagePool, dp_page_range
+from harness.core.validate import check_rank_ownership, validate_metadata
 
 
 def check_step(step, builder, *, graph_mode=False):

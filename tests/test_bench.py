@@ -13,23 +13,23 @@ from pathlib import Path
 import pytest
 from torch.nn.attention.bias import CausalBias
 
-import harness.bench as bench
-import harness.bench_cli as bench_cli
-import harness.registry as registry
-from harness.bench import (
+import harness.bench.runner as bench
+import harness.cli.bench as bench_cli
+import harness.core.registry as registry
+from harness.bench.ceilings import Ceilings, RunCeilings
+from harness.bench.peer import PEER_NAME, ContiguousPeer
+from harness.bench.runner import (
     BenchConfig,
     build_backend,
     failed,
     prepare_case,
     run_benchmarks,
 )
-from harness.ceilings import Ceilings, RunCeilings
-from harness.peer import PEER_NAME, ContiguousPeer
-from harness.registry import BackendEntry, BackendRegistry
-from harness.results import load_results
-from harness.statistics import bootstrap_ratio_ci, median
-from harness.timing import TimingConfig
-from harness.workloads import WORKLOADS, CaseSpec, Workload
+from harness.bench.timing import TimingConfig
+from harness.bench.workloads import WORKLOADS, CaseSpec, Workload
+from harness.core.registry import BackendEntry, BackendRegistry
+from harness.results.statistics import bootstrap_ratio_ci, median
+from harness.results.store import load_results
 from reference_backends import ReferenceBackend, SdpaBackend
 from tests.fixtures import bench_backends as fx
 
@@ -98,7 +98,7 @@ def test_builtins_pass_every_tiny_case_with_peer_metrics_and_raw_samples():
 
 def test_pinned_sdpa_kernel_is_used_for_check_and_timing_and_recorded(monkeypatch):
     """On CUDA the peer's and sdpa's SDPA kernel is pinned (forced here on the CPU)."""
-    import harness.sdpa_pin as sdpa_pin
+    import harness.bench.sdpa_pin as sdpa_pin
 
     # the CPU has no memory-efficient kernel: the first choice cannot run, the next is taken
     monkeypatch.setattr(sdpa_pin, "PIN_ORDER", ("EFFICIENT_ATTENTION", "MATH"))
@@ -120,7 +120,7 @@ def test_pinned_sdpa_kernel_is_used_for_check_and_timing_and_recorded(monkeypatc
 
 
 def test_a_kernel_that_cannot_run_is_skipped_and_any_other_outcome_kept():
-    from harness.sdpa_pin import first_kernel_that_runs
+    from harness.bench.sdpa_pin import first_kernel_that_runs
 
     tried = []
 
@@ -270,18 +270,18 @@ def test_nothing_passing_is_a_failed_run():
 
 
 def _wired() -> bool:
-    """Whether ``harness.cli`` has the ``bench`` subcommand yet."""
-    from harness import cli
+    """Whether ``harness.cli.main`` has the ``bench`` subcommand yet."""
+    from harness.cli import main as main_cli
 
-    parser = cli.build_parser()
+    parser = main_cli.build_parser()
     subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     return bool(subparsers) and "bench" in subparsers[0].choices
 
 
 def cli(*argv: str) -> int:
-    """``attn-harness bench ...`` through ``harness.cli.main`` once wired, else bench_cli's."""
+    """``attn-harness bench ...`` through ``harness.cli.main.main`` once wired, else bench_cli's."""
     if _wired():
-        from harness import cli as main_cli
+        from harness.cli import main as main_cli
 
         return main_cli.main(["bench", *argv])
     return bench_cli.main(["bench", *argv])
@@ -411,7 +411,7 @@ def test_a_shielded_section_finishes_and_the_deadline_fires_just_after_it():
     """A CUDA graph capture must not be cut in half: the deadline waits for the shield."""
     import time
 
-    from harness.deadlines import shielded
+    from harness.core.deadlines import shielded
 
     done = []
     started = time.monotonic()
@@ -509,7 +509,7 @@ def test_file_spec_ids_have_no_double_slash_and_name_the_file(tmp_path):
 
 
 def bench_cli_save(record, tmp_path):
-    from harness.results import save_results
+    from harness.results.store import save_results
 
     return save_results(record, tmp_path / "r.json")
 
@@ -549,8 +549,8 @@ def test_every_bench_option_says_what_it_does_and_its_default(capsys):
 
 
 def test_help_defaults_are_the_librarys():
-    from harness.timing import TimingConfig
-    from harness.workloads import DEFAULT_WORKLOADS
+    from harness.bench.timing import TimingConfig
+    from harness.bench.workloads import DEFAULT_WORKLOADS
 
     defaults = TimingConfig()
     assert bench_cli.DEFAULT_WORKLOAD_NAMES == DEFAULT_WORKLOADS
@@ -583,14 +583,14 @@ def test_bench_cli_builds_its_parser_without_torch():
     import sys
     import textwrap
 
-    package = Path(bench_cli.__file__).parent
+    package = Path(bench_cli.__file__).parents[1]
     code = textwrap.dedent(
         f"""
         import sys, types
         stub = types.ModuleType("harness")
         stub.__path__ = [{str(package)!r}]
         sys.modules["harness"] = stub
-        import harness.bench_cli as bench_cli
+        import harness.cli.bench as bench_cli
         parser = bench_cli.build_parser()
         parser.parse_args(["bench", "--workload", "decode-sweep", "--max-samples", "9"])
         parser.format_help()
@@ -599,7 +599,10 @@ def test_bench_cli_builds_its_parser_without_torch():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "['harness', 'harness.bench_cli', 'harness.text_table']"
+    assert done.stdout.strip() == (
+        "['harness', 'harness.bench', 'harness.bench.table', 'harness.cli', "
+        "'harness.cli.bench', 'harness.core', 'harness.core.text_table']"
+    )
 
 
 def test_cli_file_spec_without_class_says_so_and_names_its_backends(capsys, monkeypatch):

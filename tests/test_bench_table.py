@@ -9,10 +9,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from harness.bench_cli import BACKEND_WIDTH, WIDTH, render, short_backend_names
-from harness.peer import PEER_NAME
-from harness.results import CaseRecord, RunRecord, TimingRecord
-from harness.workloads import CaseSpec
+from harness.bench.peer import PEER_NAME
+from harness.bench.table import BACKEND_WIDTH, WIDTH, render, short_backend_names
+from harness.bench.workloads import CaseSpec
+from harness.results.store import CaseRecord, RunRecord, TimingRecord
 
 FILE_SPEC = "/home/someone/projects/attention/kernels/paged_backends.py:HalfPrecisionPagedBackend"
 LONG_CASE = "6 decode@1024 + chunk 256/768 + prompt 128"

@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-import harness.oracle as oracle
-import harness.scenario as scenario
-from harness.bench import BenchConfig, run_benchmarks
-from harness.peer import PEER_NAME
-from harness.registry import BackendEntry
-from harness.results import CaseRecord, RunRecord, load_results, save_results
-from harness.timing import MIN_SAMPLES, TimingConfig
-from harness.workloads import CaseSpec, Workload
+import harness.numerics.oracle as oracle
+import harness.numerics.scenario as scenario
+from harness.bench.peer import PEER_NAME
+from harness.bench.runner import BenchConfig, run_benchmarks
+from harness.bench.timing import MIN_SAMPLES, TimingConfig
+from harness.bench.workloads import CaseSpec, Workload
+from harness.core.registry import BackendEntry
+from harness.results.store import CaseRecord, RunRecord, load_results, save_results
 from reference_backends import BUILTIN_BACKENDS
 from suites.mutants.backends import DropsLastToken
 from tests.fixtures.bench_backends import ZerosBackend

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.benchmark_json import from_pytest_benchmark, main, to_pytest_benchmark
-from harness.results import ResultsError, dumps, load_results, save_results
+from harness.results.pytest_benchmark import from_pytest_benchmark, main, to_pytest_benchmark
+from harness.results.store import ResultsError, dumps, load_results, save_results
 from tests.test_results import case, run
 
 REPO = Path(__file__).resolve().parents[1]

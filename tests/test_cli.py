@@ -1,4 +1,4 @@
-"""The ``attn-harness`` command line, run in-process (``harness.cli.main``) and once as a module."""
+"""The ``attn-harness`` command line, run in-process (``harness.cli.main``) and as a module."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-import harness.registry as registry
-from harness.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, SHOWN_FAILURES, main
-from harness.registry import BackendRegistry
+import harness.core.registry as registry
+from harness.cli.main import EXIT_FAILED, EXIT_OK, EXIT_USAGE, SHOWN_FAILURES, main
+from harness.core.registry import BackendRegistry
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -114,7 +114,7 @@ def test_list_json_stays_json_when_a_backend_module_prints(
 def test_help_does_not_import_torch() -> None:
     """`attn-harness --help` answers without loading torch (seconds on a cold start)."""
     code = (
-        "import sys; from harness.cli import build_parser; build_parser(); "
+        "import sys; from harness.cli.main import build_parser; build_parser(); "
         "print('torch' in sys.modules)"
     )
     result = subprocess.run(
@@ -377,7 +377,7 @@ def test_bad_capabilities_spec_is_a_clean_error(
 def test_entry_point_with_bad_capabilities_does_not_break_list(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from harness.registry import load_backend_spec
+    from harness.core.registry import load_backend_spec
 
     module = sys.modules[load_backend_spec(_spec("ScaledOutputBackend")).__module__]
     bad_cls = module.BadCapabilitiesBackend
@@ -414,8 +414,8 @@ def test_python_m_harness_list_runs() -> None:
 
 
 def test_check_prints_each_distinct_error_once_and_only_the_first_few() -> None:
-    from harness.cli import _case_lines
-    from harness.quick_check import CaseResult
+    from harness.cli.main import _case_lines
+    from harness.conformance.check_matrix import CaseResult
 
     same = [CaseResult("b", f"case {i}", "ERROR", "RuntimeError: boom") for i in range(5)]
     assert _case_lines("b", same, verbose=False) == [

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from harness import Capabilities, PoolLayout
-from harness.canary import bits
-from harness.scenario import Scenario, check_outputs, make_step_inputs, run_scenario
+from harness.numerics.canary import bits
+from harness.numerics.scenario import Scenario, check_outputs, make_step_inputs, run_scenario
 from reference_backends import compiled
 from reference_backends.compiled import CompiledBackend, build_plan
 
@@ -173,7 +173,7 @@ def test_plan_groups_kv_heads_for_decode_and_splits_only_when_few_items():
     inputs = make_step_inputs(decode)
     backend = make(decode)
     backend.bind_kv_caches(inputs.caches)
-    from harness.validate import read_metadata
+    from harness.core.validate import read_metadata
 
     checked = read_metadata(inputs.step.metadata, page_size=16)
     geometry = backend._require_bound()

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.cli import main
-from harness.conform import (
+from harness.cli.main import main
+from harness.conformance.runner import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,

@@ -1,4 +1,4 @@
-"""The words of a conformance verdict (``harness.conform_report``), without running the suite."""
+"""The words of a conformance verdict (``harness.conformance.report``), not running it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from harness.conform_report import (
+from harness.conformance.report import (
     Failure,
     Verdicts,
     closing_line,
@@ -18,7 +18,7 @@ from harness.conform_report import (
     shown_name,
     verdict_rows,
 )
-from harness.errors import PropertyFailure
+from harness.core.errors import PropertyFailure
 
 PROPERTY = PropertyFailure(
     "outputs match the oracle violated by backend 'mine'\n"

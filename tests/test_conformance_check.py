@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.properties import PropertyFailure
-from harness.registry import BackendEntry
-from harness.scenario import Scenario
+from harness.conformance.properties import PropertyFailure
+from harness.core.registry import BackendEntry
+from harness.numerics.scenario import Scenario
 from reference_backends.reference import ReferenceBackend
 from suites.conformance.conftest import check
 

@@ -14,12 +14,18 @@ from hypothesis import strategies as st
 
 import attn_harness_pytest as plugin
 from harness import Capabilities, PoolLayout
-from harness.coverage import CoverageLog, Requirement, StatefulRun, labels, requirements
-from harness.profiles import get_profile
-from harness.registry import default_registry
-from harness.scenario import Scenario
-from harness.stateful import RULES, conformance_machine, run_machine
-from harness.strategies import CI_BUDGET, multi_rank_scenarios
+from harness.conformance.claim_coverage import (
+    CoverageLog,
+    Requirement,
+    StatefulRun,
+    labels,
+    requirements,
+)
+from harness.conformance.profiles import get_profile
+from harness.conformance.stateful import RULES, conformance_machine, run_machine
+from harness.conformance.strategies import CI_BUDGET, multi_rank_scenarios
+from harness.core.registry import default_registry
+from harness.numerics.scenario import Scenario
 
 BASE = Scenario(num_heads=8, num_kv_heads=2, page_size=3, context_lens=(5,), query_lens=(1,))
 

@@ -1,5 +1,5 @@
 """The dtype bound discriminates at production sizes: correct computations pass with a
-wide margin, real bugs fail, in bf16, fp16 and fp32 (``python -m harness.discrimination``).
+wide margin, real bugs fail, in bf16, fp16 and fp32 (``python -m harness.numerics.discrimination``).
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import random
 import pytest
 import torch
 
-from harness.discrimination import BUGS, CORRECT, format_table, table
-from harness.scenario import Scenario, check_outputs, make_step_inputs
+from harness.numerics.discrimination import BUGS, CORRECT, format_table, table
+from harness.numerics.scenario import Scenario, check_outputs, make_step_inputs
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from harness.cli import main
+from harness.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -328,7 +328,7 @@ def test_a_terminated_or_killed_launcher_leaves_no_rank_behind(how: str) -> None
 def test_dist_bench_writes_a_scaling_results_file_the_report_draws(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from harness.results import load_results
+    from harness.results.store import load_results
 
     out = tmp_path / "scaling.json"
     code = main([

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-import harness.registry
-from harness.quick_check import run_quick_check
-from harness.registry import BackendRegistry
+import harness.core.registry
+from harness.conformance.check_matrix import run_quick_check
+from harness.core.registry import BackendRegistry
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -79,7 +79,7 @@ def run_doc(doc: Path, folder: Path) -> dict[str, Path]:
 def assert_backend_passes_quick_check(path: Path) -> None:
     classes = BACKEND_CLASS.findall(path.read_text())
     assert classes, f"{path.name} defines no class"
-    entry = harness.registry.default_registry().resolve(f"{path}:{classes[0]}")
+    entry = harness.core.registry.default_registry().resolve(f"{path}:{classes[0]}")
     results = run_quick_check(entry)
     assert results, "the quick check ran no case"
     failures = [r for r in results if r.status != "PASSED"]
@@ -89,7 +89,7 @@ def assert_backend_passes_quick_check(path: Path) -> None:
 @pytest.fixture
 def doc_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh registry and an empty current folder, as a reader starting out has."""
-    monkeypatch.setattr(harness.registry, "_DEFAULT", BackendRegistry())
+    monkeypatch.setattr(harness.core.registry, "_DEFAULT", BackendRegistry())
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -127,7 +127,7 @@ def _shell_commands() -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize(("doc", "command"), _shell_commands())
 def test_shell_commands_parse(doc: str, command: str) -> None:
-    from harness.cli import build_parser
+    from harness.cli.main import build_parser
 
     words = shlex.split(command)
     args = words[1:] if words[0] == "attn-harness" else words[3:]

@@ -14,10 +14,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness.registry import BackendEntry, load_backend_spec
-from harness.scenario import Scenario, backend_for, check_outputs, run_scenario
-from harness.tolerance import Comparison
-from harness.variants import AttentionVariant, alibi_slopes_for
+from harness.core.registry import BackendEntry, load_backend_spec
+from harness.core.variants import AttentionVariant, alibi_slopes_for
+from harness.numerics.scenario import Scenario, backend_for, check_outputs, run_scenario
+from harness.numerics.tolerance import Comparison
 from reference_backends.reference import ReferenceBackend
 from suites.mutants import backends
 from suites.mutants import field as f

@@ -11,10 +11,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.contract import Capabilities
-from harness.coverage import labels
-from harness.kv_pages import pages_needed
-from harness.large_pool import (
+from harness.conformance.claim_coverage import labels
+from harness.conformance.large_pool import (
     INT32_ELEMENTS,
     WATCHED_PAGES,
     large_pool_inputs,
@@ -22,11 +20,14 @@ from harness.large_pool import (
     tensor_bytes,
     unavailable_reason,
 )
-from harness.oracle import SequenceKV
-from harness.production_shapes import SPEC_GROUPS, TOKEN_BUDGETS
-from harness.profiles import get_profile
-from harness.registry import default_registry
-from harness.scenario import (
+from harness.conformance.production_shapes import SPEC_GROUPS, TOKEN_BUDGETS
+from harness.conformance.profiles import get_profile
+from harness.conformance.strategies import CI_BUDGET, production_scenarios, scenarios
+from harness.core.contract import Capabilities
+from harness.core.kv_pages import pages_needed
+from harness.core.registry import default_registry
+from harness.numerics.oracle import SequenceKV
+from harness.numerics.scenario import (
     Scenario,
     backend_for,
     check_outputs,
@@ -34,7 +35,6 @@ from harness.scenario import (
     make_step_inputs,
     run_scenario,
 )
-from harness.strategies import CI_BUDGET, production_scenarios, scenarios
 
 CI = get_profile("ci").settings
 ALL = default_registry().entry("reference").capabilities  # claims every variant

@@ -23,8 +23,8 @@ from torch.nn.attention.flex_attention import flex_attention
 
 import reference_backends.flex as flex
 from harness import PoolLayout
-from harness.kv_pages import pages_needed
-from harness.scenario import Scenario, check_outputs, make_step_inputs, run_scenario
+from harness.core.kv_pages import pages_needed
+from harness.numerics.scenario import Scenario, check_outputs, make_step_inputs, run_scenario
 from reference_backends.flex import FlexBackend
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.cli import main
+from harness.cli.main import main
 from harness.gate import (
     BaselineError,
     RunSamples,
@@ -22,7 +22,7 @@ from harness.gate import (
     save_baseline,
 )
 from harness.gate.compare import performance_verdict
-from harness.results import RunRecord, load_results, save_results
+from harness.results.store import RunRecord, load_results, save_results
 
 DATA = Path(__file__).parent / "data" / "gate" / "bench-small.json"
 SLOW_CASE = "decode-sweep@1/ctx=512::sdpa"

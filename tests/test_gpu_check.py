@@ -18,13 +18,13 @@ import time
 import pytest
 import torch
 
-from harness import gpu_check
-from harness.bench import BenchConfig
-from harness.gpu_check import StepResult, main
-from harness.registry import BackendEntry
-from harness.results import load_results, save_results
-from harness.timing import TimingConfig
-from harness.workloads import CaseSpec, Workload
+from harness.bench.runner import BenchConfig
+from harness.bench.timing import TimingConfig
+from harness.bench.workloads import CaseSpec, Workload
+from harness.core.registry import BackendEntry
+from harness.gpu import check as gpu_check
+from harness.gpu.check import StepResult, main
+from harness.results.store import load_results, save_results
 from reference_backends import SdpaBackend
 
 SMALL = {"num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "page_size": 4}
@@ -170,14 +170,14 @@ def test_sdpa_runs_once_more_without_cudnn_attention_where_torch_may_pick_it(tmp
     command = runs[-1].command(tmp_path)
     assert command[command.index("--backend") + 1] == "sdpa"
     assert f"--junitxml={tmp_path / 'conformance-sdpa-no-cudnn.xml'}" in command
-    plugin = ["-p", "harness.sdpa_cudnn_off"]
+    plugin = ["-p", "harness.gpu.sdpa_cudnn_off"]
     assert any(command[i : i + 2] == plugin for i in range(len(command)))
     plain = runs[1].command(tmp_path)
     assert not any(plain[i : i + 2] == plugin for i in range(len(plain)))
 
 
 def test_the_cudnn_off_plugin_turns_cudnn_attention_off():
-    import harness.sdpa_cudnn_off as plugin
+    import harness.gpu.sdpa_cudnn_off as plugin
 
     before = torch.backends.cuda.cudnn_sdp_enabled()
     try:
@@ -228,11 +228,11 @@ def test_bench_step_saves_after_every_case_in_workload_order(tmp_path, capsys):
 
 
 def test_a_bench_step_interrupted_mid_run_keeps_a_valid_file_marked_partial(tmp_path, monkeypatch):
-    import harness.bench
+    import harness.bench.runner
 
     path = tmp_path / "bench.json"
     entry = BackendEntry("sdpa", SdpaBackend, "test")
-    real = harness.bench.run_benchmarks
+    real = harness.bench.runner.run_benchmarks
     calls = []
 
     def interrupted_second_case(*args, **kwargs):
@@ -241,7 +241,7 @@ def test_a_bench_step_interrupted_mid_run_keeps_a_valid_file_marked_partial(tmp_
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(harness.bench, "run_benchmarks", interrupted_second_case)
+    monkeypatch.setattr(harness.bench.runner, "run_benchmarks", interrupted_second_case)
     with pytest.raises(KeyboardInterrupt):
         gpu_check.run_bench_step(path, [entry], WORKLOADS, FAST, deadline_s=600)
     saved = load_results(path)  # strict load: a valid file

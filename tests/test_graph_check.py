@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-from harness import graph_check
-from harness.graph_check import FAIL, PASS, SKIP, GraphShape, main, run
-from harness.registry import BackendEntry
+from harness.core.registry import BackendEntry
+from harness.gpu import graph_check
+from harness.gpu.graph_check import FAIL, PASS, SKIP, GraphShape, main, run
 from reference_backends import ReferenceBackend, SdpaBackend
 from tests.fixtures import bench_backends as fx
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 import attn_harness_pytest as plugin
-from harness.bench import unsupported_reason
-from harness.profiles import INTERPRETED_BUDGET, get_profile
-from harness.registry import BackendEntry
-from harness.workloads import get_workload
+from harness.bench.runner import unsupported_reason
+from harness.bench.workloads import get_workload
+from harness.conformance.profiles import INTERPRETED_BUDGET, get_profile
+from harness.core.registry import BackendEntry
 from reference_backends import SdpaBackend, TritonBackend
 
 

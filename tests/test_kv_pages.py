@@ -1,4 +1,4 @@
-"""Unit tests for harness.kv_pages: DP partition, page allocator, cache helpers."""
+"""Unit tests for harness.core.kv_pages: DP partition, page allocator, cache helpers."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.errors import OutOfPages
-from harness.kv_pages import (
+from harness.conformance.properties import bits
+from harness.core.errors import OutOfPages
+from harness.core.kv_pages import (
     PagePool,
     PoolLayout,
     dp_page_range,
@@ -24,7 +25,6 @@ from harness.kv_pages import (
     token_slots,
     write_tokens,
 )
-from harness.properties import bits
 
 # --------------------------------------------------------------------------- #
 # dp_page_range

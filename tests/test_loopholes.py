@@ -10,9 +10,7 @@ import pytest
 import torch
 
 from harness import PoolLayout
-from harness.contract import AttentionMetadata, LayerCache
-from harness.paged_base import PreparedStep
-from harness.properties import (
+from harness.conformance.properties import (
     PropertyFailure,
     check_deterministic,
     check_partition_respected,
@@ -20,8 +18,10 @@ from harness.properties import (
     check_rejects_foreign_block_table_entry,
     check_stale_block_table_entries_ignored,
 )
-from harness.registry import BackendEntry
-from harness.scenario import Scenario
+from harness.core.contract import AttentionMetadata, LayerCache
+from harness.core.paged_base import PreparedStep
+from harness.core.registry import BackendEntry
+from harness.numerics.scenario import Scenario
 from reference_backends.reference import ReferenceBackend
 from suites.conformance.conftest import check
 from suites.mutants.backends import (

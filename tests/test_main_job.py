@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
-from harness.main_job import file_stem, probe_seconds, schedule
-from harness.registry import BackendEntry
+from harness.cli.main import main
+from harness.cli.run_jobs import file_stem, probe_seconds, schedule
+from harness.core.registry import BackendEntry
 from reference_backends.reference import ReferenceBackend
 
 MUTANT = "suites/mutants/backends.py:IgnoresPageOffset"

@@ -7,14 +7,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.ceilings import (
+from harness.bench.ceilings import (
     Ceilings,
     RunCeilings,
     datasheet_for,
     probe,
     run_ceilings,
 )
-from harness.metrics import AttentionWork, keys_seen, rates, roofline, work_of_rows
+from harness.bench.metrics import AttentionWork, keys_seen, rates, roofline, work_of_rows
 
 H, KV, D, FP32 = 4, 2, 8, 4
 

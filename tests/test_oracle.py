@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.oracle import SequenceKV, naive_attention, oracle_attention
-from harness.tolerance import compare, error_bound, unit_roundoff
+from harness.numerics.oracle import SequenceKV, naive_attention, oracle_attention
+from harness.numerics.tolerance import compare, error_bound, unit_roundoff
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 

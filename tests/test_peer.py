@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import CausalBias, CausalVariant
 
-from harness.peer import ContiguousPeer
-from harness.scenario import Scenario, StepInputs, check_outputs, make_step_inputs
+from harness.bench.peer import ContiguousPeer
+from harness.numerics.scenario import Scenario, StepInputs, check_outputs, make_step_inputs
 
 GEOMETRY = dict(head_dim=16, page_size=4, total_pages=64, num_layers=1)
 # (name, context_lens, query_lens, causal)

@@ -6,12 +6,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.contract import Capabilities
-from harness.kv_pages import PoolLayout, dp_page_range, pages_needed
-from harness.production_shapes import REGIMES, CostLimit, both_sides
-from harness.registry import default_registry
-from harness.scenario import Scenario, backend_for, make_step_inputs, plant_positions
-from harness.strategies import CI_BUDGET, production_scenarios
+from harness.conformance.production_shapes import REGIMES, CostLimit, both_sides
+from harness.conformance.strategies import CI_BUDGET, production_scenarios
+from harness.core.contract import Capabilities
+from harness.core.kv_pages import PoolLayout, dp_page_range, pages_needed
+from harness.core.registry import default_registry
+from harness.numerics.scenario import Scenario, backend_for, make_step_inputs, plant_positions
 
 DRAWS = settings(
     max_examples=40,

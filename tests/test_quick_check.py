@@ -1,12 +1,10 @@
-"""What ``attn-harness check`` covers for a claim (``harness.quick_check``), without running it."""
+"""What ``attn-harness check`` covers for a claim (``conformance.check_matrix``), not run."""
 
 from __future__ import annotations
 
 import torch
 
-from harness.contract import Capabilities
-from harness.errors import Unsupported
-from harness.quick_check import (
+from harness.conformance.check_matrix import (
     BATCHES,
     DEFAULT_HEAD_DIMS,
     DEFAULT_PAGE_SIZES,
@@ -14,7 +12,9 @@ from harness.quick_check import (
     quick_scenarios,
     run_quick_check,
 )
-from harness.registry import BackendEntry
+from harness.core.contract import Capabilities
+from harness.core.errors import Unsupported
+from harness.core.registry import BackendEntry
 from reference_backends.reference import ReferenceBackend
 
 

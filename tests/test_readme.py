@@ -8,8 +8,8 @@ import re
 import subprocess
 import sys
 
-from harness.quick_check import run_quick_check
-from harness.registry import BackendRegistry
+from harness.conformance.check_matrix import run_quick_check
+from harness.core.registry import BackendRegistry
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
@@ -19,13 +19,13 @@ def _python_blocks() -> list[str]:
 
 
 def test_readme_example_backend_passes_quick_check(monkeypatch):
-    import harness.registry
+    import harness.core.registry
 
-    monkeypatch.setattr(harness.registry, "_DEFAULT", BackendRegistry())
+    monkeypatch.setattr(harness.core.registry, "_DEFAULT", BackendRegistry())
     (block,) = _python_blocks()
     namespace: dict[str, object] = {}
     exec(compile(block, str(README), "exec"), namespace)
-    entry = harness.registry.default_registry().entry("loop-sdpa")
+    entry = harness.core.registry.default_registry().entry("loop-sdpa")
     results = run_quick_check(entry)
     assert results
     failures = [r for r in results if r.status != "PASSED"]
@@ -57,7 +57,7 @@ def _commands(text: str, program: str) -> list[str]:
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:
-    from harness.cli import build_parser
+    from harness.cli.main import build_parser
 
     parser = build_parser()
     (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]

@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import harness.registry as registry
-from harness.contract import DEFAULT_CAPABILITIES, Capabilities, capabilities_of
-from harness.errors import BackendLoadError
-from harness.registry import (
+import harness.core.registry as registry
+from harness.core.contract import DEFAULT_CAPABILITIES, Capabilities, capabilities_of
+from harness.core.errors import BackendLoadError
+from harness.core.registry import (
     BackendRegistry,
     DPBackendConfig,
     accepts_dp,
@@ -905,7 +905,7 @@ def test_a_name_without_class_is_still_an_unknown_name_to_the_registry(name):
 def test_a_default_run_leaves_out_a_backend_claiming_no_device_here(monkeypatch) -> None:
     """A built-in whose optional package is missing claims no device: left out, named."""
     import reference_backends.triton_backend as triton_backend
-    from harness.registry import split_by_device
+    from harness.core.registry import split_by_device
 
     entries = BackendRegistry().entries()
     claiming, others = split_by_device(entries, "cpu")

@@ -18,12 +18,12 @@ import matplotlib
 import pytest
 
 import harness.report as report
+from harness.cli.report import add_report_command, main
 from harness.report import ReportError, build_report
-from harness.report.cli import add_report_command, main
 from harness.report.figures import FIGURE_NAMES
 from harness.report.stats import run_stats
-from harness.results import load_results
-from harness.statistics import bootstrap_ratio_ci, median
+from harness.results.statistics import bootstrap_ratio_ci, median
+from harness.results.store import load_results
 
 DATA = Path(__file__).parent / "data" / "report"
 BENCH = DATA / "bench.json"
@@ -371,7 +371,7 @@ def test_folder_holding_other_files_is_not_replaced(tmp_path, quick):
 
 
 def run_cli(argv: list[str]) -> int:
-    """Through a parser built as harness.cli builds it: add_report_command on subparsers."""
+    """Through a parser built as harness.cli.main builds it: add_report_command on subparsers."""
     parser = argparse.ArgumentParser(prog="attn-harness")
     add_report_command(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
@@ -443,7 +443,7 @@ def test_cli_requires_out():
 
 def test_parser_loads_neither_torch_nor_matplotlib():
     code = (
-        "import sys; import harness.report.cli as c; c.build_parser(); "
+        "import sys; import harness.cli.report as c; c.build_parser(); "
         "print(sorted(m for m in ('torch', 'matplotlib', 'numpy') if m in sys.modules))"
     )
     result = subprocess.run(

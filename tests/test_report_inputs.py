@@ -14,7 +14,7 @@ from harness.report.inputs import (
     load_inputs,
     load_junit,
 )
-from harness.results import save_results
+from harness.results.store import save_results
 
 DATA = Path(__file__).parent / "data" / "report"
 BENCH = DATA / "bench.json"

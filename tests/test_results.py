@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.results import (
+from harness.bench.workloads import CaseSpec
+from harness.results.store import (
     SCHEMA_VERSION,
     CaseRecord,
     ResultsError,
@@ -21,7 +22,6 @@ from harness.results import (
     save_results,
     schema,
 )
-from harness.workloads import CaseSpec
 
 needs_jsonschema = pytest.mark.skipif(
     find_spec("jsonschema") is None, reason="field-level checks need jsonschema"

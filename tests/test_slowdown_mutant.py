@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from harness.scenario import Scenario, run_scenario
+from harness.numerics.scenario import Scenario, run_scenario
 from reference_backends.sdpa import SdpaBackend
 from suites.mutants.slowdown import ENV, SlowedSdpa, slowdown_fraction
 

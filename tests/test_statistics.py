@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.statistics import (
+from harness.results.statistics import (
     Summary,
     bootstrap_median_ci,
     bootstrap_ratio_ci,

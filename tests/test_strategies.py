@@ -6,11 +6,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.contract import Capabilities
-from harness.kv_pages import PoolLayout, dp_page_range
-from harness.scenario import make_step_inputs
-from harness.strategies import Budget, multi_rank_scenarios, scenarios
-from harness.validate import check_rank_ownership, validate_metadata
+from harness.conformance.strategies import Budget, multi_rank_scenarios, scenarios
+from harness.core.contract import Capabilities
+from harness.core.kv_pages import PoolLayout, dp_page_range
+from harness.core.validate import check_rank_ownership, validate_metadata
+from harness.numerics.scenario import make_step_inputs
 
 NARROW = Capabilities(
     dtypes=(torch.float16,),
@@ -155,7 +155,7 @@ def test_a_scenario_of_many_sequences_is_described_in_one_short_line():
 
     import torch
 
-    from harness.scenario import MAX_ROWS_SHOWN, Scenario
+    from harness.numerics.scenario import MAX_ROWS_SHOWN, Scenario
 
     many = Scenario(
         num_heads=2,

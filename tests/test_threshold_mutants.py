@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from harness import PoolLayout
-from harness.errors import PropertyFailure
-from harness.large_pool import large_pool_scenario, unavailable_reason
-from harness.properties import check_large_pool_step
-from harness.registry import BackendEntry
-from harness.scenario import Scenario, backend_for, check_outputs, run_scenario
-from harness.tolerance import Comparison
+from harness.conformance.large_pool import large_pool_scenario, unavailable_reason
+from harness.conformance.properties import check_large_pool_step
+from harness.core.errors import PropertyFailure
+from harness.core.registry import BackendEntry
+from harness.numerics.scenario import Scenario, backend_for, check_outputs, run_scenario
+from harness.numerics.tolerance import Comparison
 from reference_backends.reference import ReferenceBackend
 from suites.mutants import backends
 from suites.mutants import thresholds as t

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from harness.timing import (
+from harness.bench.timing import (
     STOP_BUDGET,
     STOP_CONVERGED,
     STOP_MAX_SAMPLES,

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from harness import DPBackendConfig, PoolLayout, Unsupported, create_attention_backend
-from harness.kv_pages import make_layer_caches
-from harness.scenario import Scenario, check_outputs, run_scenario
-from harness.variants import AttentionVariant
+from harness.core.kv_pages import make_layer_caches
+from harness.core.variants import AttentionVariant
+from harness.numerics.scenario import Scenario, check_outputs, run_scenario
 from reference_backends.triton_backend import MIN_SPLIT_KEYS, TritonBackend
 
 pytestmark = pytest.mark.skipif(
@@ -159,7 +159,7 @@ def test_cpu_use_after_a_compiled_triton_import_is_refused_clearly():
     """Triton fixes interpret-or-compile at its first import; a late CPU use cannot switch."""
     code = (
         "import triton, torch\n"
-        "from harness.scenario import Scenario, run_scenario\n"
+        "from harness.numerics.scenario import Scenario, run_scenario\n"
         "from reference_backends.triton_backend import TritonBackend\n"
         "s = Scenario()\n"
         "try:\n"

@@ -1,4 +1,4 @@
-"""Unit tests for harness.validate: metadata, ownership, backend args, cache binding."""
+"""Unit tests for harness.core.validate: metadata, ownership, backend args, cache binding."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 import torch
 
-from harness.batches import BatchBuilder
-from harness.contract import AttentionMetadata, LayerCache
-from harness.errors import CacheBindingError, ForeignPageError, MetadataError
-from harness.kv_pages import PagePool, PoolLayout, make_layer_caches
-from harness.validate import (
+from harness.core.batches import BatchBuilder
+from harness.core.contract import AttentionMetadata, LayerCache
+from harness.core.errors import CacheBindingError, ForeignPageError, MetadataError
+from harness.core.kv_pages import PagePool, PoolLayout, make_layer_caches
+from harness.core.validate import (
     CacheGeometry,
     CheckedMetadata,
     check_rank_is_bound,

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from harness.bench import BenchConfig, run_benchmarks
-from harness.metrics import AttentionWork, keys_seen
-from harness.registry import BackendEntry
-from harness.timing import TimingConfig
-from harness.workloads import CaseSpec, Workload, get_workload
+from harness.bench.metrics import AttentionWork, keys_seen
+from harness.bench.runner import BenchConfig, run_benchmarks
+from harness.bench.timing import TimingConfig
+from harness.bench.workloads import CaseSpec, Workload, get_workload
+from harness.core.registry import BackendEntry
 from reference_backends.reference import ReferenceBackend
 from reference_backends.sdpa import SdpaBackend
 from suites.mutants.variants import Fp8ScaleInvertedOnWrite

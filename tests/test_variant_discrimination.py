@@ -1,12 +1,12 @@
 """With variants on, the bound still discriminates at production sizes: correct computations
 pass with a wide margin and each variant's planted bug fails, in bf16, fp16 and fp32
-(``python -m harness.variant_discrimination``)."""
+(``python -m harness.numerics.variant_discrimination``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from harness.variant_discrimination import BUGS, CASES, CORRECT, format_table, table
+from harness.numerics.variant_discrimination import BUGS, CASES, CORRECT, format_table, table
 
 
 @pytest.fixture(scope="module")

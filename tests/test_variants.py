@@ -9,16 +9,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.cache_readback import quantized_write_problem
-from harness.canary import changed_slots, snapshot
-from harness.contract import Capabilities, LayerCache
-from harness.errors import CacheBindingError, Unsupported
-from harness.kv_pages import make_layer_caches, read_tokens, write_tokens
-from harness.oracle import SequenceKV, oracle_attention
-from harness.registry import default_registry
-from harness.scenario import Scenario, backend_for, make_step_inputs
-from harness.strategies import attention_variants
-from harness.variants import AttentionVariant, alibi_slopes_for, quantize
+from harness.conformance.strategies import attention_variants
+from harness.core.contract import Capabilities, LayerCache
+from harness.core.errors import CacheBindingError, Unsupported
+from harness.core.kv_pages import make_layer_caches, read_tokens, write_tokens
+from harness.core.registry import default_registry
+from harness.core.variants import AttentionVariant, alibi_slopes_for, quantize
+from harness.numerics.cache_readback import quantized_write_problem
+from harness.numerics.canary import changed_slots, snapshot
+from harness.numerics.oracle import SequenceKV, oracle_attention
+from harness.numerics.scenario import Scenario, backend_for, make_step_inputs
 from reference_backends.reference import ReferenceBackend
 from reference_backends.sdpa import SdpaBackend
 

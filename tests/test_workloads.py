@@ -9,15 +9,15 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness.kv_pages import dp_page_range
-from harness.scenario import make_step_inputs
-from harness.workloads import (
+from harness.bench.workloads import (
     DEFAULT_WORKLOADS,
     SIZES,
     CaseSpec,
     get_workload,
     list_workloads,
 )
+from harness.core.kv_pages import dp_page_range
+from harness.numerics.scenario import make_step_inputs
 
 SWEEP_KINDS = {"decode", "prefill", "extend", "mixed", "dp-scaling"}
 KINDS = SWEEP_KINDS | {"targets"}  # the speed targets' cases run only when named

@@ -26,12 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from harness.coverage import labels
-from harness.production_shapes import REGIMES
-from harness.profiles import get_profile
-from harness.registry import default_registry
-from harness.scenario import Scenario, make_step_inputs
-from harness.strategies import production_scenarios, scenarios
+from harness.conformance.claim_coverage import labels
+from harness.conformance.production_shapes import REGIMES
+from harness.conformance.profiles import get_profile
+from harness.conformance.strategies import production_scenarios, scenarios
+from harness.core.registry import default_registry
+from harness.numerics.scenario import Scenario, make_step_inputs
 
 BINS = {
     "context": (1, 64, 65, 128, 129, 256, 257, 512, 513, 1024, 1025, 2048, 2049, 4096, 4097, 32768),

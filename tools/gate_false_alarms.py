@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 
 from harness.gate import judge, load_baseline
-from harness.results import load_results
+from harness.results.store import load_results
 
 
 def main(argv: Sequence[str] | None = None) -> int:

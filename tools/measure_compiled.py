@@ -28,8 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.peer import ContiguousPeer
-from harness.scenario import Scenario, make_step_inputs
+from harness.bench.peer import ContiguousPeer
+from harness.numerics.scenario import Scenario, make_step_inputs
 from reference_backends import compiled
 from reference_backends.sdpa import SdpaBackend
 

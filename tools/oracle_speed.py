@@ -20,9 +20,9 @@ import time
 
 import torch
 
-from harness.bench import prepare_case
-from harness.oracle import SequenceKV, oracle_attention
-from harness.workloads import get_workload
+from harness.bench.runner import prepare_case
+from harness.bench.workloads import get_workload
+from harness.numerics.oracle import SequenceKV, oracle_attention
 
 DEFAULT_CASES = (
     "decode-sweep/ctx=1024",

@@ -22,9 +22,9 @@ from torch.utils import benchmark
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.peer import ContiguousPeer
-from harness.registry import default_registry
-from harness.scenario import Scenario, backend_for, make_step_inputs
+from harness.bench.peer import ContiguousPeer
+from harness.core.registry import default_registry
+from harness.numerics.scenario import Scenario, backend_for, make_step_inputs
 
 
 def main() -> None:

@@ -15,13 +15,13 @@ from typing import Any
 
 import torch
 
-from harness.canary import changed_slots, snapshot
-from harness.contract import LayerCache
+from harness.numerics.canary import changed_slots, snapshot
+from harness.core.contract import LayerCache
 from harness.dist.coordination import pad_step
 from harness.dist.schedule import DistSetup, RankSchedule, RankStep, rank_caches
-from harness.kv_pages import PoolLayout
-from harness.oracle import references
-from harness.tolerance import compare, error_bound
+from harness.core.kv_pages import PoolLayout
+from harness.numerics.oracle import references
+from harness.numerics.tolerance import compare, error_bound
 
 
 def run_layers(

@@ -25,7 +25,7 @@ from typing import Any
 from harness.dist.diagnosis import Failure, diagnose_exit, diagnose_stall
 from harness.dist.group import INIT_ENV, PARENT_ENV
 from harness.dist.progress import read_beat, read_status, read_summary
-from harness.environment import usable_cpus
+from harness.bench.environment import usable_cpus
 
 POLL_S = 0.05
 GRACE_S = 2.0

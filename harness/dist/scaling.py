@@ -52,7 +52,7 @@ class ScalingLoad:
 
     def spec(self, dp_size: int, rank: int | None = None) -> Any:
         """A ``CaseSpec`` of ``rank``'s share, or of the whole group's work (``rank=None``)."""
-        from harness.workloads import CaseSpec
+        from harness.bench.workloads import CaseSpec
 
         count = self.sequences if rank is None else self.share(dp_size, rank)
         return CaseSpec(
@@ -77,7 +77,7 @@ def _rank_scenario(load: ScalingLoad, dp_size: int, rank: int, device: str) -> A
     """The rank's share in a pool sized for the largest share, so every rank agrees on it."""
     from dataclasses import replace
 
-    from harness.kv_pages import pages_needed
+    from harness.core.kv_pages import pages_needed
 
     largest = load.share(dp_size, 0)
     total = (largest * pages_needed(load.context, load.page_size) + 1) * dp_size
@@ -89,12 +89,12 @@ def run_rank(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from harness.bench import accepts_validate
+    from harness.bench.runner import accepts_validate
     from harness.dist.failures import fail_rank
     from harness.dist.group import die_with_parent, join_group
     from harness.dist.progress import Heartbeat
     from harness.dist.worker import resolve_entry
-    from harness.scenario import backend_for, check_outputs, make_step_inputs
+    from harness.numerics.scenario import backend_for, check_outputs, make_step_inputs
 
     die_with_parent()
     rank = int(os.environ.get("RANK", "0"))
@@ -182,12 +182,12 @@ def sweep(
     from dataclasses import asdict
 
     from harness import __version__
-    from harness.bench import case_metrics
-    from harness.ceilings import run_ceilings
+    from harness.bench.runner import case_metrics
+    from harness.bench.ceilings import run_ceilings
     from harness.dist.launcher import launch
     from harness.dist.progress import read_json
-    from harness.environment import fingerprint
-    from harness.results import CaseRecord, RunRecord, TimingRecord
+    from harness.bench.environment import fingerprint
+    from harness.results.store import CaseRecord, RunRecord, TimingRecord
 
     ceilings = run_ceilings(device, dtypes=(load.spec(1).torch_dtype,), measure_probe=False)
     cases = []

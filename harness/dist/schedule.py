@@ -16,10 +16,10 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from harness.batches import BatchBuilder, Step
-from harness.contract import LayerCache
-from harness.kv_pages import PagePool, PoolLayout, make_layer_caches, pages_needed
-from harness.oracle import SequenceKV
+from harness.core.batches import BatchBuilder, Step
+from harness.core.contract import LayerCache
+from harness.core.kv_pages import PagePool, PoolLayout, make_layer_caches, pages_needed
+from harness.numerics.oracle import SequenceKV
 
 SEED_MODULUS = 2**63 - 1
 """torch generators take seeds below 2**63; any ``--seed`` maps into that range."""

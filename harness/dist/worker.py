@@ -31,7 +31,7 @@ from harness.dist.faults import Fault, corrupt, strike
 from harness.dist.group import die_with_parent, join_group, rank_device
 from harness.dist.progress import Heartbeat, write_summary
 from harness.dist.schedule import DistSetup, RankSchedule, rank_caches
-from harness.kv_pages import PoolLayout
+from harness.core.kv_pages import PoolLayout
 
 SUMMARY_FIELDS = (
     "steps", "seed", "dtype", "device", "graph",
@@ -59,7 +59,7 @@ BackendFactory = Callable[[int], Any]
 
 def backend_factory(entry: Any, setup: DistSetup) -> BackendFactory:
     """Build ``entry`` for a given dp_rank of the setup's group."""
-    from harness.registry import DPBackendConfig, instantiate_backend
+    from harness.core.registry import DPBackendConfig, instantiate_backend
 
     def make(rank: int) -> Any:
         return instantiate_backend(
@@ -76,7 +76,7 @@ def backend_factory(entry: Any, setup: DistSetup) -> BackendFactory:
 
 
 def resolve_entry(spec: str) -> Any:
-    from harness.registry import default_registry
+    from harness.core.registry import default_registry
 
     try:
         return default_registry().resolve(spec)

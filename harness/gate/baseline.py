@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.atomic_file import write_atomically
+from harness.core.atomic_file import write_atomically
 from harness.gate.device_class import device_class
-from harness.results import SCHEMA_NAME, ResultsError, RunRecord, dumps, loads
+from harness.results.store import SCHEMA_NAME, ResultsError, RunRecord, dumps, loads
 
 BASELINE_SCHEMA = "attn-harness/baseline"
 BASELINE_VERSION = 1

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.statistics import DEFAULT_CONFIDENCE, bootstrap_medians
+from harness.results.statistics import DEFAULT_CONFIDENCE, bootstrap_medians
 
 DEFAULT_THRESHOLD = 0.10
 DEFAULT_RESAMPLES = 2000

@@ -11,7 +11,7 @@ import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from harness.atomic_file import write_atomically
+from harness.core.atomic_file import write_atomically
 from harness.gate.verdicts import GateReport
 
 NOT_COMPARED = frozenset({"MISSING", "NEW", "UNSUPPORTED", "UNCOMPARED"})

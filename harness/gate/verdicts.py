@@ -28,7 +28,7 @@ from harness.gate.compare import (
     compare_case,
     performance_verdict,
 )
-from harness.results import FAILING_STATUSES, CaseRecord, RunRecord
+from harness.results.store import FAILING_STATUSES, CaseRecord, RunRecord
 
 # verdicts that fail the gate, and the order the table lists them in
 FAILING_VERDICTS = ("FAIL",)

@@ -28,7 +28,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogFormatter, NullLocator
 
-from harness.bench_cli import format_ns, short_backend_names
+from harness.bench.table import format_ns, short_backend_names
 from harness.report.stats import AnalysedRun, CaseStats, ceilings
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from harness.results import RunRecord
+    from harness.results.store import RunRecord
 
 RESULTS_SCHEMA = "attn-harness/results"
 COVERAGE_SUFFIX = ".coverage.json"
@@ -155,12 +155,12 @@ def _parse_json(path: Path, text: str) -> Any:
 
 def _load_json_run(path: Path, text: str) -> RunRecord:
     """A results file or suites/benchmarks pytest-benchmark JSON, as a checked ``RunRecord``."""
-    from harness.results import ResultsError
+    from harness.results.store import ResultsError
 
     data = _parse_json(path, text)
     try:
         if isinstance(data, dict) and ("schema" in data or "schema_version" in data):
-            from harness.results import load_results
+            from harness.results.store import load_results
 
             return load_results(path)
         if isinstance(data, dict) and "benchmarks" in data:
@@ -175,8 +175,8 @@ def _load_json_run(path: Path, text: str) -> RunRecord:
 
 def _converted(path: Path, data: dict[str, Any]) -> RunRecord:
     """pytest-benchmark JSON converted, then held to the results schema like a results file."""
-    from harness.benchmark_json import from_pytest_benchmark
-    from harness.results import validate_document
+    from harness.results.pytest_benchmark import from_pytest_benchmark
+    from harness.results.store import validate_document
 
     record = from_pytest_benchmark(data, origin=str(path))
     validate_document(record.to_json(), origin=str(path))

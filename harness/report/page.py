@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from harness.bench_cli import format_ns
+from harness.bench.table import format_ns
 from harness.report.figures import RenderedFigure, SkippedFigure
 from harness.report.stats import AnalysedRun, CaseStats, ceilings, overhead_median_ns
 

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.statistics import DEFAULT_RESAMPLES, Summary, bootstrap_ratio_ci, median
+from harness.results.statistics import DEFAULT_RESAMPLES, Summary, bootstrap_ratio_ci, median
 
 if TYPE_CHECKING:
     from harness.report.inputs import BenchRun
-    from harness.results import CaseRecord, RunRecord
+    from harness.results.store import CaseRecord, RunRecord
 
 REFERENCE = "reference"
 KINDS = ("decode", "prefill", "extend", "mixed", "dp-scaling", "targets")

@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from harness.bench_cli import format_ns
+from harness.bench.table import format_ns
 from harness.report.stats import AnalysedRun, CaseStats
 
 if TYPE_CHECKING:

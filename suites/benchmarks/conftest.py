@@ -3,7 +3,7 @@
 Device-correct timing: pytest-benchmark subtracts two readings of its timer
 around each round. Every test runs in pedantic mode (one call per round, a
 cache flush as ``setup`` outside the timed region) with the timer from
-``harness.timing.stamp_timer``: ``time.perf_counter`` on the CPU, and on
+``harness.bench.timing.stamp_timer``: ``time.perf_counter`` on the CPU, and on
 CUDA a stamp that records a device event, so ``end - start`` is the device
 time between two events rather than host time of asynchronous launches.
 pytest-benchmark disables itself under xdist; run these suites without
@@ -26,7 +26,10 @@ from typing import Any
 import pytest
 import torch
 
-from harness.bench import (
+from harness.bench.ceilings import RunCeilings, run_ceilings
+from harness.bench.environment import fingerprint
+from harness.bench.peer import PEER_CLASS, PEER_NAME, ContiguousPeer
+from harness.bench.runner import (
     PREPARE_TIMING,
     PreparedCase,
     Verdict,
@@ -36,13 +39,10 @@ from harness.bench import (
     check_output,
     prepare_case,
 )
-from harness.ceilings import RunCeilings, run_ceilings
-from harness.environment import fingerprint
-from harness.peer import PEER_CLASS, PEER_NAME, ContiguousPeer
-from harness.registry import class_label, default_registry
-from harness.results import CaseRecord, TimingRecord
-from harness.timing import CacheFlusher, HostClock, TimingConfig, measure, stamp_timer
-from harness.workloads import CaseSpec, Workload, get_workload
+from harness.bench.timing import CacheFlusher, HostClock, TimingConfig, measure, stamp_timer
+from harness.bench.workloads import CaseSpec, Workload, get_workload
+from harness.core.registry import class_label, default_registry
+from harness.results.store import CaseRecord, TimingRecord
 
 SESSION = pytest.StashKey["BenchSession"]()
 
@@ -101,7 +101,7 @@ def _size(config: pytest.Config) -> str:
 
 
 def _backends(config: pytest.Config) -> list[str]:
-    from harness.registry import default_registry
+    from harness.core.registry import default_registry
 
     chosen = list(config.getoption("bench_backend"))
     with contextlib.suppress(ValueError):  # the conformance plugin's --backend, if loaded

@@ -21,14 +21,14 @@ from attn_harness_pytest import (
     profile_for,
     record_examples,
 )
-from harness.coverage import claim_summary
-from harness.deadlines import CaseTimeout, deadline
-from harness.errors import Unsupported
-from harness.properties import PropertyFailure
-from harness.registry import BackendEntry
-from harness.scenario import Scenario
-from harness.strategies import multi_rank_scenarios, production_scenarios, scenarios
-from harness.triton_mode import interpret_triton_here
+from harness.conformance.claim_coverage import claim_summary
+from harness.conformance.properties import PropertyFailure
+from harness.conformance.strategies import multi_rank_scenarios, production_scenarios, scenarios
+from harness.core.deadlines import CaseTimeout, deadline
+from harness.core.errors import Unsupported
+from harness.core.registry import BackendEntry
+from harness.core.triton_mode import interpret_triton_here
+from harness.numerics.scenario import Scenario
 
 
 def pytest_configure(config: pytest.Config) -> None:

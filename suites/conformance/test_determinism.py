@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.properties import check_deterministic
+from harness.conformance.properties import check_deterministic
 from suites.conformance.conftest import check, conformance_settings, draw_scenario
 
 

@@ -2,13 +2,13 @@
 
 Runs by default wherever the machine can hold the pool's untouched virtual
 memory (each tensor 4 GiB in a 2-byte dtype), and says why where it cannot;
-see ``harness.large_pool``.
+see ``harness.conformance.large_pool``.
 """
 
 import pytest
 
-from harness.large_pool import large_pool_scenario, unavailable_reason
-from harness.properties import check_large_pool_step
+from harness.conformance.large_pool import large_pool_scenario, unavailable_reason
+from harness.conformance.properties import check_large_pool_step
 from suites.conformance.conftest import DEVICE, check
 
 

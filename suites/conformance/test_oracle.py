@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attn_harness_pytest import profile_for, replayable
-from harness.properties import (
+from harness.conformance.properties import (
     check_every_rank_matches_oracle,
     check_matches_oracle,
     check_ranks_together_equal_alone,

@@ -9,7 +9,7 @@ the harness's, and is tested in the harness's unit tests.)
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.properties import check_partition_respected
+from harness.conformance.properties import check_partition_respected
 from suites.conformance.conftest import check, conformance_settings, draw_ranks
 
 

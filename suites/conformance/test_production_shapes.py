@@ -3,15 +3,15 @@
 Each regime aims its draws at one family of thresholds (split-KV chunks,
 query tiles, page sizes, head geometries, launch grids, DP groups, long
 contexts), always inside the backend's claim; see
-``harness.production_shapes``. The profile sets how many examples each gets.
+``harness.conformance.production_shapes``. The profile sets how many examples each gets.
 """
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.production_shapes import REGIMES
-from harness.properties import check_matches_oracle, check_only_mapped_slots_change
+from harness.conformance.production_shapes import REGIMES
+from harness.conformance.properties import check_matches_oracle, check_only_mapped_slots_change
 from suites.conformance.conftest import PROFILE, check, draw_production
 
 production_settings = settings(PROFILE.settings, max_examples=PROFILE.production_examples)

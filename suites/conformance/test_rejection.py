@@ -12,8 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.errors import Unsupported
-from harness.properties import (
+from harness.conformance.properties import (
     BAD_CONSTRUCTOR_VALUES,
     check_bind_rejects_unbound_range,
     check_constructor_rejects,
@@ -22,6 +21,7 @@ from harness.properties import (
     check_rejects_foreign_slot,
     check_stale_block_table_entries_ignored,
 )
+from harness.core.errors import Unsupported
 from suites.conformance.conftest import check, conformance_settings, draw_scenario, require_dp
 
 

@@ -8,7 +8,7 @@ coverage table.
 from hypothesis import settings
 
 from attn_harness_pytest import profile_for, record_examples, record_run, replayable
-from harness.stateful import conformance_machine, run_machine
+from harness.conformance.stateful import conformance_machine, run_machine
 from suites.conformance.conftest import DEVICE
 
 

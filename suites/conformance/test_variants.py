@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.properties import (
+from harness.conformance.properties import (
     BAD_VARIANT_VALUES,
     check_lse_matches_oracle,
     check_out_buffer_is_the_result,

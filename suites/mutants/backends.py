@@ -14,10 +14,10 @@ from dataclasses import replace
 
 import torch
 
-from harness.contract import AttentionMetadata, LayerCache
-from harness.errors import Unsupported
-from harness.kv_pages import pages_needed, put_rows
-from harness.paged_base import PreparedStep
+from harness.core.contract import AttentionMetadata, LayerCache
+from harness.core.errors import Unsupported
+from harness.core.kv_pages import pages_needed, put_rows
+from harness.core.paged_base import PreparedStep
 from reference_backends.reference import ReferenceBackend
 
 # -- DP partition and ownership ------------------------------------------------------

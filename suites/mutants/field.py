@@ -17,8 +17,8 @@ from dataclasses import replace
 
 import torch
 
-from harness.contract import LayerCache
-from harness.paged_base import PreparedStep
+from harness.core.contract import LayerCache
+from harness.core.paged_base import PreparedStep
 from reference_backends.reference import ReferenceBackend
 
 SPLIT_KEYS = 256  # keys per split-KV partition

@@ -27,7 +27,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.conform import pytest_arguments
+from harness.conformance.runner import pytest_arguments
 from suites.mutants.backends import FIELD_MUTANTS, MUTANTS, VARIANT_MUTANTS
 
 BUILTINS = ("reference", "sdpa")
@@ -83,7 +83,7 @@ SUBSUMED = {
     "test_bind_rejects_caches_without_the_ranks_pages": "the built-in base class makes this "
     "check for every subclass, so no planted bug can skip it alone",
     "test_constructor_rejects_bad_values": "the constructor's checks live in the base class "
-    "(harness.validate.validate_backend_args)",
+    "(harness.core.validate.validate_backend_args)",
 }
 """Why a test with no bug of its own is kept: which other test catches its planted bugs."""
 

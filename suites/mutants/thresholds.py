@@ -16,9 +16,9 @@ from dataclasses import replace
 
 import torch
 
-from harness.contract import LayerCache
-from harness.kv_pages import dp_page_range
-from harness.paged_base import PreparedStep
+from harness.core.contract import LayerCache
+from harness.core.kv_pages import dp_page_range
+from harness.core.paged_base import PreparedStep
 from reference_backends.reference import ReferenceBackend
 
 SPLIT_KEYS = 256  # keys per split-KV partition (flash-decoding)
@@ -240,7 +240,7 @@ class ElementOffsetInt32(ReferenceBackend):
     """Forms each cached token's element offset ``row * num_kv_heads * head_dim`` in int32.
 
     Threshold: a K/V tensor past 2^31 elements with a sequence on pages whose
-    offsets lie past it (``harness.large_pool``'s test; no drawn step comes
+    offsets lie past it (``harness.conformance.large_pool``'s test; no drawn step comes
     near). The wrapped, negative offset addresses memory before the tensor,
     modelled as counting back from its end: untouched memory, or other pages.
 

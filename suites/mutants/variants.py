@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from harness.contract import LayerCache
-from harness.paged_base import PagedBackendBase, PreparedStep
+from harness.core.contract import LayerCache
+from harness.core.paged_base import PagedBackendBase, PreparedStep
 from reference_backends.reference import ReferenceBackend
 
 

@@ -1,0 +1,220 @@
+"""The benchmark table: a results record as aligned text, as ``attn-harness bench`` prints it.
+
+Pure formatting of a ``RunRecord`` (no timing, no torch), shared by the
+command line, the report and the GPU script.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from harness.core.text_table import aligned
+
+if TYPE_CHECKING:
+    from harness.results.store import CaseRecord, RunRecord
+
+WIDTH = 110  # detail and legend lines below the table are wrapped to this
+BACKEND_WIDTH = 28  # longer backend specs are shortened in the table
+
+
+def format_ns(ns: float | None) -> str:
+    if ns is None:
+        return "-"
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
+        if ns >= scale:
+            return f"{ns / scale:.3g} {unit}"
+    return f"{ns:.0f} ns"
+
+
+def _rate(value: float | None) -> str:
+    if value is None:
+        return "-"
+    for suffix, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def short_backend_names(names: Sequence[str], width: int = BACKEND_WIDTH) -> dict[str, str]:
+    """Name -> what the table shows, at most ``width`` characters.
+
+    A longer spec is shown as ``file.py:Class`` or ``module:Class``, else as
+    ``Class``, else cut short with ``...``; names that would be shown alike
+    keep their full spelling. The table's legend names each shortened spec.
+    """
+    shown: dict[str, str] = {}
+    for name in dict.fromkeys(names):
+        target, sep, cls = name.rpartition(":")
+        candidates = [name]
+        if sep and target and cls:
+            place = Path(target).name if target.endswith(".py") else target.rpartition(".")[2]
+            candidates += [f"{place}:{cls}", cls]
+        label = next((c for c in candidates if len(c) <= width), None)
+        shown[name] = label or candidates[-1][: width - 3] + "..."
+    counts: dict[str, int] = {}
+    for label in shown.values():
+        counts[label] = counts.get(label, 0) + 1
+    return {name: (label if counts[label] == 1 else name) for name, label in shown.items()}
+
+
+def _ratio(metrics: dict[str, Any]) -> str:
+    ratio = metrics.get("ratio_to_peer")
+    if ratio is None:
+        return "-"
+    ci = metrics.get("ratio_to_peer_ci")
+    return f"{ratio:.2f}x" + (f" [{ci[0]:.2f}-{ci[1]:.2f}]" if ci else "")
+
+
+def _roofline(metrics: dict[str, Any]) -> str:
+    fraction = metrics.get("roofline_fraction")
+    if fraction is None:
+        return "-"
+    bound = {"memory": " mem", "compute": " cmp"}.get(metrics.get("bound") or "", "")
+    return f"{fraction:.0%}{bound}"
+
+
+def _row(case: CaseRecord, backend: str, notes: list[int]) -> list[str]:
+    """One backend's row; a case that did not pass shows its status and nothing timed."""
+    forward = ci = prepare = tokens = roof = ratio = "-"
+    if case.status == "PASSED" and case.forward is not None:  # only a correct answer is a time
+        s = case.forward.summary()
+        forward = format_ns(s.median)
+        if s.median > 0:
+            ci = f"±{(s.ci_high - s.ci_low) / 2 / s.median:.1%}"
+        if case.prepare is not None:
+            prepare = format_ns(case.prepare.summary().median)
+        m = case.metrics or {}
+        tokens, roof, ratio = _rate(m.get("tokens_per_s")), _roofline(m), _ratio(m)
+    flags = "[" + ",".join(map(str, notes)) + "]" if notes else ""
+    return [f"    {backend}", case.status, forward, ci, prepare, tokens, roof, ratio, flags]
+
+
+def _confidence(record: RunRecord) -> float:
+    for case in record.cases:
+        if case.forward is not None:
+            return case.forward.confidence
+    return 0.95
+
+
+def _wrap(text: str, indent: str = "    ") -> list[str]:
+    return textwrap.wrap(
+        text,
+        WIDTH,
+        subsequent_indent=indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+
+
+def _workload_line(record: RunRecord, case: CaseRecord) -> str:
+    line = f"{case.workload}@{case.workload_version}"
+    for w in record.workloads:
+        if (w.get("name"), w.get("version")) == (case.workload, case.workload_version):
+            if w.get("description"):
+                line += f": {w['description']}"
+            break
+    return textwrap.shorten(line, WIDTH, placeholder=" ...")
+
+
+def _case_line(case: CaseRecord) -> str:
+    spec = case.spec or {}
+    queries = spec.get("query_lens") or []
+    shape = f"{len(queries)} seqs, {sum(queries)} new tokens, {spec.get('dtype', '?')}"
+    if spec.get("dp_size", 1) > 1:
+        shape += f", rank {spec.get('dp_rank')} of dp {spec.get('dp_size')}"
+    return f"  {case.case}  ({shape})"
+
+
+def render(record: RunRecord) -> str:
+    """The readable summary printed at the end of a run.
+
+    One table, grouped by workload and case (the workload and case on their own
+    lines, one row per backend), about 100 columns wide; errors, flags, long
+    backend specs and what each column means follow on lines below it.
+    """
+    from harness.bench.peer import PEER_NAME
+
+    names = short_backend_names([c.backend for c in record.cases])
+    header = [
+        "workload / case / backend",
+        "status",
+        "forward",
+        f"{_confidence(record):.0%} CI",
+        "prepare",
+        "tok/s",
+        "roofline",
+        "x peer [95% CI]",
+        "flags",
+    ]
+    rows = [header]
+    notes: list[str] = []
+    details: list[str] = []
+    workload = case_name = None
+    for case in record.cases:
+        if (case.workload, case.workload_version) != workload:
+            workload = (case.workload, case.workload_version)
+            case_name = None
+            rows.append([_workload_line(record, case)])
+        if case.case != case_name:
+            case_name = case.case
+            rows.append([_case_line(case)])
+        where = f"{names[case.backend]} on {case.workload}@{case.workload_version} {case.case}"
+        numbers = []
+        for flag in case.flags:
+            notes.append(f"[{len(notes) + 1}] {where}: {flag}")
+            numbers.append(len(notes))
+        rows.append(_row(case, names[case.backend], numbers))
+        if case.error and case.status != "PASSED":
+            details.append(f"{case.status}: {where}: {case.error}")
+    lines = [*aligned(rows), ""]
+    for text in details:
+        lines.extend(_wrap(text))
+    if notes:
+        lines.extend(
+            _wrap(
+                "flags: [n] points to note n below: a warning about that row, e.g. a rate "
+                "above 100% of its ceiling (a measurement error, not a result)"
+            )
+        )
+        for text in notes:
+            lines.extend(_wrap(text))
+    for name, label in names.items():
+        if label != name:
+            lines.extend(_wrap(f"backend {label} is {name}"))
+    lines.extend(
+        _wrap(
+            f"columns: forward = median time of one forward call (validation off), with ± half "
+            f"its CI's width; prepare = median prepare time (host clock); roofline = share of "
+            f"the binding ceiling (mem: bandwidth, cmp: compute); x peer = forward time / "
+            f"{PEER_NAME} forward time (> 1: slower); a case that did not pass is not timed"
+        )
+    )
+    ceilings = record.ceilings.get(record.ceilings.get("used") or "", None)
+    if ceilings:
+        flops = ", ".join(
+            f"{dtype} matmul {value / 1e9:.4g} GFLOP/s"
+            for dtype, value in ceilings["matmul_flops"].items()
+        )
+        bandwidth = ceilings["memory_bandwidth"]
+        shown = "-" if bandwidth is None else f"{bandwidth / 1e9:.4g} GB/s"
+        lines.extend(_wrap(f"ceilings ({ceilings['source']}): copy {shown}; {flops}"))
+    overhead = record.timing.get("overhead") or {}
+    lines.extend(
+        _wrap(
+            f"timing: {record.timing['clock']}, torch threads {record.timing['threads']}, "
+            f"cold cache {'on' if record.timing['cold_cache'] else 'off'}, timer overhead "
+            f"{format_ns(overhead.get('median_ns'))} (empty call)"
+        )
+    )
+    counts: dict[str, int] = {}
+    for case in record.cases:
+        counts[case.status] = counts.get(case.status, 0) + 1
+    lines.append("bench: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
+    return "\n".join(lines)

@@ -1,0 +1,357 @@
+"""``attn-harness bench``: argument parsing, usage checks, progress and the final table.
+
+Everything that can be wrong with the command line (an unknown workload or
+backend, a device that is not there, an output path that cannot be
+written) is checked before anything runs, and answered with exit code 2
+and one line, never a traceback. Exit 1 means some case failed (or nothing
+passed), 0 that every case passed or was unsupported.
+
+``add_bench_command(subparsers)`` registers the subcommand on the main
+parser; ``main(argv)`` runs it standalone (``python -m harness.cli.bench``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TextIO
+
+from harness.bench.table import render
+from harness.core.text_table import aligned
+
+# Only the standard library at import time: ``attn-harness --help`` builds this
+# parser, and torch (which every module running a benchmark imports) takes seconds
+# to load. Those modules are imported inside ``cmd_bench`` and the renderers.
+if TYPE_CHECKING:
+    from harness.bench.runner import BenchConfig
+    from harness.bench.workloads import Workload
+    from harness.core.registry import BackendEntry
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+# harness.bench.workloads.DEFAULT_WORKLOADS and harness.bench.timing.TimingConfig's defaults,
+# spelled out so that the help needs no torch (a test keeps them equal)
+DEFAULT_WORKLOAD_NAMES = ("decode-sweep", "prefill-sweep", "extend", "mixed", "dp-scaling")
+DEFAULT_MIN_SAMPLES, DEFAULT_MAX_SAMPLES = 5, 100
+DEFAULT_BUDGET_S, DEFAULT_TARGET_CI = 1.0, 0.05
+DEFAULT_TIMEOUT_S = 600.0
+
+
+class UsageError(Exception):
+    """A bad command line, found before anything runs."""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def add_bench_command(subparsers: Any) -> None:
+    """Register ``bench`` on the ``attn-harness`` subparsers (imports no torch)."""
+    p = subparsers.add_parser(
+        "bench",
+        help="time backends on named workloads, each case checked against the oracle first",
+        description=(
+            "Check every case against the float64 oracle, then time prepare and forward "
+            "(validation off) beside torch SDPA over the same tokens held contiguously. "
+            "A backend that fails the check is reported with its status and not timed. "
+            "Exit 0: all cases passed or unsupported; 1: a case failed; 2: bad usage."
+        ),
+    )
+    p.add_argument(
+        "--backend",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="backend to run: a registered name, 'package.module:Class' or "
+        "'path/to/file.py:Class' (repeatable; default: every registered backend)",
+    )
+    p.add_argument(
+        "--workload",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="workload to run (repeatable; see --list-workloads; default: "
+        f"{', '.join(DEFAULT_WORKLOAD_NAMES)})",
+    )
+    p.add_argument(
+        "--list-workloads",
+        action="store_true",
+        help="list the workloads (version, kind, number of cases) and exit (default: off)",
+    )
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="device the cases run and are timed on (default: cpu)",
+    )
+    p.add_argument(
+        "--size",
+        choices=("cpu", "gpu"),
+        default=None,
+        help="workload size: cpu (small) or gpu (bf16, long contexts) "
+        "(default: gpu on --device cuda, else cpu)",
+    )
+    p.add_argument(
+        "--out",
+        metavar="FILE",
+        help="write the results file (JSON, schema version 1: environment, ceilings, "
+        "every raw sample) here, atomically (default: print the table only)",
+    )
+    p.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="intra-op threads for every timing (default: torch's current count)",
+    )
+    p.add_argument(
+        "--budget",
+        type=_positive_float,
+        default=DEFAULT_BUDGET_S,
+        metavar="SECONDS",
+        help="wall-clock budget for timing each forward; sampling stops when it is spent "
+        f"(after --min-samples) (default: {DEFAULT_BUDGET_S})",
+    )
+    p.add_argument(
+        "--min-samples",
+        type=_positive_int,
+        default=DEFAULT_MIN_SAMPLES,
+        metavar="N",
+        help="timed forward calls taken before any stopping rule is checked; at least "
+        f"{DEFAULT_MIN_SAMPLES} (default: {DEFAULT_MIN_SAMPLES})",
+    )
+    p.add_argument(
+        "--max-samples",
+        type=_positive_int,
+        default=DEFAULT_MAX_SAMPLES,
+        metavar="N",
+        help="most timed forward calls per case and backend, even if the CI has not converged and "
+        f"budget is left; not below --min-samples (default: {DEFAULT_MAX_SAMPLES})",
+    )
+    p.add_argument(
+        "--target-ci",
+        type=_positive_float,
+        default=DEFAULT_TARGET_CI,
+        metavar="FRACTION",
+        help="stop sampling once the median's 95%% CI is this narrow relative to the "
+        f"median (default: {DEFAULT_TARGET_CI:g})",
+    )
+    p.add_argument(
+        "--warm-cache",
+        action="store_true",
+        help="do not flush the caches between timed calls (default: flush, cold cache)",
+    )
+    p.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="time CUDA-graph replays, for small kernels; needs backends claiming graph "
+        "mode (default: off, plain calls)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help="deadline for each (case, backend) check and timing; past it the case is "
+        f"TIMEOUT (default: {DEFAULT_TIMEOUT_S:g})",
+    )
+    p.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="skip measuring the device ceilings; use datasheet figures only (default: probe)",
+    )
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar on stderr (default: show one)",
+    )
+    p.set_defaults(func=cmd_bench)
+
+
+# -- output --------------------------------------------------------------------------
+
+
+def render_workloads(workloads: list[Workload]) -> str:
+    rows = [["name", "version", "kind", "cpu cases", "gpu cases", "default", "description"]]
+    for w in workloads:
+        rows.append(
+            [
+                w.name,
+                str(w.version),
+                w.kind,
+                str(len(w.cpu)),
+                str(len(w.gpu)),
+                "yes" if w.name in DEFAULT_WORKLOAD_NAMES else "",
+                w.description,
+            ]
+        )
+    return "\n".join(aligned(rows))
+
+
+class Progress:
+    """A tqdm bar on stderr when tqdm is installed, else one plain line per step."""
+
+    def __init__(self, enabled: bool, stream: TextIO | None = None) -> None:
+        self.enabled = enabled
+        self.stream = stream or sys.stderr
+        self._bar: Any = None
+
+    def __call__(self, done: int, total: int, label: str) -> None:
+        if not self.enabled:
+            return
+        if self._bar is None:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                self._bar = False
+            else:
+                self._bar = tqdm(total=total, desc="bench", unit="case", file=self.stream)
+        if self._bar is False:
+            print(f"[{done}/{total}] {label}", file=self.stream, flush=True)
+            return
+        self._bar.set_postfix_str(label, refresh=False)
+        self._bar.update(done - self._bar.n)
+
+    def close(self) -> None:
+        if self._bar:
+            self._bar.close()
+
+
+# -- the command -------------------------------------------------------------------
+
+
+def _check_usage(args: argparse.Namespace) -> tuple[list[BackendEntry], list[Workload]]:
+    import torch
+
+    from harness.bench.workloads import DEFAULT_WORKLOADS, get_workload
+    from harness.core.errors import BackendLoadError
+    from harness.core.registry import default_registry
+    from harness.results.store import check_writable
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError(
+            f"--device cuda: no CUDA device is available (torch {torch.__version__}, "
+            f"built with CUDA {torch.version.cuda or 'no'})"
+        )
+    try:
+        workloads = [get_workload(name) for name in (args.workload or DEFAULT_WORKLOADS)]
+    except KeyError as exc:
+        raise UsageError(exc.args[0]) from None
+    registry = default_registry()
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # a chatty module keeps the table clean
+            backends = [registry.resolve(s) for s in args.backend] if args.backend else None
+    except KeyError as exc:
+        raise UsageError(exc.args[0]) from None
+    except BackendLoadError as exc:
+        raise UsageError(str(exc)) from None
+    if backends is None:
+        backends = registry.entries()
+    if args.max_samples < args.min_samples:
+        raise UsageError(
+            f"--max-samples ({args.max_samples}) is below --min-samples ({args.min_samples})"
+        )
+    if args.out is not None:
+        problem = check_writable(args.out)
+        if problem is not None:
+            raise UsageError(f"--out {args.out}: {problem}")
+    return backends, workloads
+
+
+def _config(args: argparse.Namespace) -> BenchConfig:
+    from harness.bench.runner import BenchConfig
+    from harness.bench.timing import TimingConfig
+
+    try:
+        timing = TimingConfig(
+            min_samples=args.min_samples,
+            max_samples=args.max_samples,
+            budget_s=args.budget,
+            target_rel_ci=args.target_ci,
+            cold_cache=not args.warm_cache,
+            cuda_graph=args.cuda_graph,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return BenchConfig(
+        device=args.device,
+        size=args.size,
+        threads=args.threads,
+        timing=timing,
+        case_timeout_s=args.timeout,
+        probe_ceilings=not args.no_probe,
+    )
+
+
+def cmd_bench(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
+    # torch and everything that runs a benchmark load here, not when the parser is built
+    from harness.bench import runner as bench
+    from harness.bench.workloads import list_workloads
+    from harness.results.store import ResultsError, save_results
+
+    if args.list_workloads:
+        print(render_workloads(list_workloads()))
+        return EXIT_OK
+    try:
+        backends, workloads = _check_usage(args)
+        config = _config(args)
+    except UsageError as exc:
+        print(f"attn-harness bench: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    progress = Progress(enabled=not args.no_progress)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # a backend's prints stay out of the table
+            record = bench.run_benchmarks(
+                backends,
+                workloads,
+                config,
+                progress=progress,
+                command=list(argv) if argv is not None else sys.argv,
+            )
+    except KeyboardInterrupt:
+        print("\nattn-harness bench: interrupted; no results written", file=sys.stderr)
+        return 130
+    finally:
+        progress.close()
+    print(render(record))
+    if args.out is not None:
+        try:
+            save_results(record, args.out)
+        except (ResultsError, OSError) as exc:
+            print(f"attn-harness bench: error: results not saved: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"results written to {args.out}")
+    return EXIT_FAILED if bench.failed(record) else EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """A parser with only ``bench``: for running this module on its own."""
+    parser = argparse.ArgumentParser(prog="attn-harness")
+    add_bench_command(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(cmd_bench(args, argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

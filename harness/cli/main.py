@@ -1,0 +1,315 @@
+"""The ``attn-harness`` command line: argument parsing only, composing library modules.
+
+Library modules (and torch) are imported inside each command, so ``--help``
+and usage errors answer at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from harness.cli.bench import add_bench_command
+from harness.cli.dist import add_dist_bench_command, add_dist_command
+from harness.cli.gate import add_baseline_command, add_gate_command
+from harness.cli.report import add_report_command
+from harness.cli.run import add_run_command
+from harness.core.text_table import aligned
+
+if TYPE_CHECKING:
+    from harness.core.registry import BackendEntry
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def _any(value: object) -> str:
+    if value is None:
+        return "any"
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value) or "-"
+    return str(value)
+
+
+def _describe(entry: BackendEntry) -> dict[str, object]:
+    from harness.conformance.check_matrix import dtype_name
+    from harness.core.registry import class_label
+
+    caps = entry.capabilities
+    return {
+        "name": entry.name,
+        "origin": entry.origin,
+        "class": class_label(entry),
+        "dp_aware": entry.accepts_dp,
+        "dtypes": [dtype_name(d) for d in caps.dtypes],
+        "devices": list(caps.devices),
+        "page_sizes": _any(caps.page_sizes),
+        "head_dims": _any(caps.head_dims),
+        "max_seq_len": _any(caps.max_seq_len),
+        "graph_mode": caps.graph_mode,
+        "non_causal": caps.non_causal,
+        "max_dp_size": _any(caps.max_dp_size),
+        "variants": _variants(caps),
+    }
+
+
+def _variants(caps: Any) -> list[str]:
+    """The attention variants and optional outputs a claim includes, in short words."""
+    flags = {
+        "window": caps.sliding_window,
+        "soft-cap": caps.soft_cap,
+        "sinks": caps.sinks,
+        "alibi": caps.alibi,
+        "out=": caps.out_buffer,
+        "lse": caps.lse,
+    }
+    words = [word for word, on in flags.items() if on]
+    words += [d for d in caps.kv_cache_dtypes if d != "auto"]
+    words += [layout for layout in caps.cache_layouts if layout != "NHD"]
+    return words
+
+
+def _resolve_all(specs: Sequence[str]) -> list[BackendEntry]:
+    """The entries for ``specs`` (all registered when none); a module's prints go to stderr."""
+    from harness.core.registry import default_registry
+
+    registry = default_registry()
+    with contextlib.redirect_stdout(sys.stderr):  # keeps `list --json` parseable
+        return [registry.resolve(s) for s in specs] if specs else registry.entries()
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    entries = _resolve_all(args.backend)
+    described = [_describe(e) for e in entries]
+    from harness.core.registry import default_registry
+
+    errors = default_registry().load_errors
+    if args.json:
+        print(json.dumps({"backends": described, "load_errors": errors}, indent=2))
+        return EXIT_OK
+    header = [
+        "name",
+        "origin",
+        "dp-aware",
+        "dtypes",
+        "devices",
+        "page sizes",
+        "head dims",
+        "max len",
+        "graph",
+        "non-causal",
+        "max dp",
+        "variants",
+    ]
+    keys = [
+        "name",
+        "origin",
+        "dp_aware",
+        "dtypes",
+        "devices",
+        "page_sizes",
+        "head_dims",
+        "max_seq_len",
+        "graph_mode",
+        "non_causal",
+        "max_dp_size",
+        "variants",
+    ]
+    rows = [header] + [[_cell(d[k]) for k in keys] for d in described]
+    print("\n".join(aligned(rows)))
+    for name, problem in sorted(errors.items()):
+        print(f"warning: entry point {name!r} not loaded: {problem}", file=sys.stderr)
+    return EXIT_OK
+
+
+SHOWN_FAILURES = 10
+"""Failing cases ``check`` prints without ``-v``: enough to see a pattern, not a flood."""
+
+
+def _case_lines(backend: str, results: list[Any], verbose: bool) -> list[str]:
+    """One line per case; without ``verbose``, one per distinct error, the first few only."""
+    if verbose:
+        return [f"{r.status:11} {backend}: {r.case}: {r.detail}" for r in results]
+    lines: list[str] = []
+    by_detail: dict[str, list[Any]] = {}
+    for r in results:
+        by_detail.setdefault(r.detail, []).append(r)
+    for detail, same in list(by_detail.items())[:SHOWN_FAILURES]:
+        more = f" (and {len(same) - 1} more cases the same)" if len(same) > 1 else ""
+        lines.append(f"{same[0].status:11} {backend}: {same[0].case}: {detail}{more}")
+    hidden = sum(len(same) for same in list(by_detail.values())[SHOWN_FAILURES:])
+    if hidden:
+        lines.append(f"... and {hidden} more failing cases (-v prints every case)")
+    return lines
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from harness.conformance.check_matrix import quick_coverage, run_quick_check
+    from harness.core.registry import split_by_device
+    from harness.core.triton_mode import interpret_triton_here
+
+    interpret_triton_here()  # the quick check runs on the CPU: Triton kernels are interpreted
+    entries = _resolve_all(args.backend)
+    if not args.backend:  # a default run leaves out what claims no CPU (a missing extra)
+        entries, others = split_by_device(entries, "cpu")
+        for entry in others:
+            print(f"{entry.name} not checked: registered, but claims no 'cpu' device here")
+    rows = [["backend", "passed", "failed", "errors", "unsupported", "first failure"]]
+    covered: list[str] = []
+    any_bad = False
+    for entry in entries:
+        with contextlib.redirect_stdout(sys.stderr):  # a backend's prints stay out of the table
+            results = run_quick_check(entry)
+        with contextlib.suppress(TypeError):  # a bad capabilities() is an ERROR case already
+            covered.append(
+                f"checked ({entry.name}): {quick_coverage(entry.capabilities).describe()}"
+            )
+        counts = {
+            s: sum(r.status == s for r in results)
+            for s in ("PASSED", "FAILED", "ERROR", "UNSUPPORTED")
+        }
+        bad = [r for r in results if r.status in ("FAILED", "ERROR")]
+        for line in _case_lines(entry.name, results if args.verbose else bad, args.verbose):
+            print(line)
+        nothing = counts["PASSED"] == 0
+        any_bad = any_bad or bool(bad) or nothing
+        shown = bad[0].case if bad else ("nothing could be checked" if nothing else "-")
+        rows.append(
+            [
+                entry.name,
+                str(counts["PASSED"]),
+                str(counts["FAILED"]),
+                str(counts["ERROR"]),
+                str(counts["UNSUPPORTED"]),
+                shown,
+            ]
+        )
+    print("\n".join(aligned(rows)))
+    print("\n".join(covered))
+    print("quick check: " + ("FAILED" if any_bad else "all cases match the float64 oracle"))
+    return EXIT_FAILED if any_bad else EXIT_OK
+
+
+def cmd_conform(args: argparse.Namespace) -> int:
+    from harness.conformance.runner import run_conformance
+
+    extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
+    return run_conformance(
+        args.backend,
+        args.profile,
+        args.junitxml,
+        extra,
+        device=args.device,
+        verbose=args.verbose,
+        replay=args.replay,
+        user_plugins=args.user_plugins,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="attn-harness",
+        description="Conformance and benchmarks for DP-partitioned paged attention backends.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    spec_help = (
+        "backend name, 'package.module:Class' or 'path/to/file.py:Class' "
+        "(repeatable; default: all registered)"
+    )
+    p_list = sub.add_parser("list", help="list backends with origin, DP-awareness, capabilities")
+    p_list.add_argument("--backend", action="append", default=[], metavar="SPEC", help=spec_help)
+    p_list.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p_list.set_defaults(func=cmd_list)
+    p_check = sub.add_parser(
+        "check",
+        help="quick oracle check: decode/prefill/extend/mixed "
+        "batches on every rank of dp_size 1..3, both layouts, every claimed dtype, "
+        "page size and head dim; inputs modified in place are named as such",
+    )
+    p_check.add_argument("--backend", action="append", default=[], metavar="SPEC", help=spec_help)
+    p_check.add_argument("-v", "--verbose", action="store_true", help="print every case")
+    p_check.set_defaults(func=cmd_check)
+    p_conform = sub.add_parser(
+        "conform",
+        help="property-based conformance suite (pytest + hypothesis) against backends",
+        description="Run suites.conformance against each backend and print a verdict table "
+        "(backend x property) with one entry per failure: the shrunk example in words, the "
+        "error against the bound, and the command that replays it. pytest runs isolated from "
+        "the current folder's pytest configuration and plugins. Exit 0 when every property "
+        "holds, 1 when any fails or nothing could be checked, 2 for a usage error, 130 when "
+        "interrupted. Arguments after -- go to pytest (for example -- -k oracle --examples 20).",
+    )
+    p_conform.add_argument("--backend", action="append", default=[], metavar="SPEC", help=spec_help)
+    p_conform.add_argument(
+        "--profile",
+        default="ci",
+        metavar="ci|thorough|kill",
+        help="hypothesis profile (default: ci)",
+    )
+    p_conform.add_argument(
+        "--device", default="cpu", metavar="cpu|cuda", help="device the cases run on (default: cpu)"
+    )
+    p_conform.add_argument(
+        "--junitxml",
+        metavar="FILE",
+        help="also write a JUnit XML report (and FILE's name with .coverage.json: the coverage "
+        "tally); written only when the run finishes",
+    )
+    p_conform.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="pytest's full report (each test, tracebacks, coverage tables) before the verdict",
+    )
+    p_conform.add_argument(
+        "--replay",
+        metavar="TEST@VERSION:BLOB",
+        help="rerun exactly one failing example, as printed after 'replay:' in a failure entry",
+    )
+    p_conform.add_argument(
+        "--user-plugins",
+        action="store_true",
+        help="also load the pytest plugins installed in this environment and PYTEST_ADDOPTS "
+        "(off by default: the suite runs the same wherever it is started)",
+    )
+    p_conform.add_argument("pytest_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    p_conform.set_defaults(func=cmd_conform)
+    add_bench_command(sub)
+    add_run_command(sub)
+    add_report_command(sub)
+    add_gate_command(sub)
+    add_baseline_command(sub)
+    add_dist_command(sub)
+    add_dist_bench_command(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from harness.core.errors import BackendLoadError
+
+    try:
+        return int(args.func(args))
+    except (BackendLoadError, KeyError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        print(f"attn-harness: error: {message}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("attn-harness: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

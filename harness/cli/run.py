@@ -1,0 +1,173 @@
+"""``attn-harness run``: the main job's command line (parsing, progress and the closing lines)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+DEFAULT_OUT = "reports/run"
+
+
+def add_run_command(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "run",
+        help="the main job: conformance of every backend, the benchmark workloads, then the "
+        "report (index.html, summary.md, figures)",
+        description="Run conformance (ci profile) of every registered backend in parallel "
+        "worker processes, then the default benchmark workloads, then build the report. "
+        "Files land in --out as each step finishes: conformance/NAME.xml (+ .log, "
+        ".coverage.json), bench.json, bench.log, report/index.html. Exit 0 when every "
+        "property held and every case passed, 1 otherwise, 2 for a usage error, 130 when "
+        "interrupted.",
+    )
+    p.add_argument(
+        "--backend",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="backend name or spec (repeatable; default: every registered backend that "
+        "claims the device)",
+    )
+    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"default: {DEFAULT_OUT}")
+    p.add_argument("--device", default="cpu", metavar="cpu|cuda", help="default: cpu")
+    p.add_argument(
+        "--profile", default="ci", metavar="ci|thorough|kill", help="conformance profile (ci)"
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="conformance processes at a time (default: the CPUs this process may use)",
+    )
+    p.add_argument(
+        "--workload",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="benchmark workload (repeatable; default: bench's defaults)",
+    )
+    p.add_argument("--no-bench", action="store_true", help="conformance and the report only")
+    p.set_defaults(func=cmd_run)
+
+
+def _backends(specs: list[str], device: str) -> tuple[list[Any], list[str]]:
+    """The entries to run, and the names of those left out (they claim no ``device``)."""
+    from harness.core.registry import default_registry, split_by_device
+
+    registry = default_registry()
+    with contextlib.redirect_stdout(sys.stderr):
+        entries = [registry.resolve(s) for s in specs] if specs else registry.entries()
+    if specs:
+        return entries, []
+    entries, others = split_by_device(entries, device)
+    return entries, [e.name for e in others]
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from harness.bench.environment import usable_cpus
+    from harness.cli.run_jobs import (
+        ConformanceJob,
+        file_stem,
+        printer,
+        probe_seconds,
+        run_bench,
+        run_conformance_jobs,
+        schedule,
+    )
+
+    if args.device == "cpu":
+        from harness.core.triton_mode import interpret_triton_here
+
+        interpret_triton_here()  # before a backend module is imported for its capabilities
+    say = printer(sys.stdout)
+    out = Path(args.out)
+    conformance_dir = out / "conformance"
+    try:
+        conformance_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(
+            f"attn-harness run: error: cannot create {out}: {exc.strerror or exc}", file=sys.stderr
+        )
+        return EXIT_USAGE
+    entries, left_out = _backends(args.backend, args.device)
+    if not entries:
+        print("attn-harness run: error: no backend to run", file=sys.stderr)
+        return EXIT_USAGE
+    with contextlib.redirect_stdout(sys.stderr):  # a backend's prints stay out of the log
+        names = schedule({e.name: probe_seconds(e, args.device) for e in entries})
+    workers = max(1, min(args.workers or usable_cpus(), len(names)))
+    jobs = [
+        ConformanceJob(
+            n, conformance_dir / f"{file_stem(n)}.xml", conformance_dir / f"{file_stem(n)}.log"
+        )
+        for n in names
+    ]
+    say(
+        f"main job: {len(names)} backends ({', '.join(names)}) -> {out}: conformance "
+        f"({args.profile}, {workers} at a time), then "
+        + ("the report" if args.no_bench else "the benchmark workloads, then the report")
+    )
+    for name in left_out:
+        say(f"{name} left out: registered, but claims no {args.device!r} device here")
+    bench_json = out / "bench.json"
+    bench_code = 0
+    try:
+        run_conformance_jobs(
+            jobs, workers=workers, profile=args.profile, device=args.device, say=say
+        )
+        if not args.no_bench:
+            say("bench: the default workloads, every backend and the no-paging peer")
+            bench_code = run_bench(
+                [e.name for e in entries],  # registry order, as a plain bench run
+                args.workload,
+                bench_json,
+                out / "bench.log",
+                args.device,
+                say,
+            )
+            say(f"bench: {_bench_verdict(out / 'bench.log', bench_code)}")
+    except KeyboardInterrupt:
+        print(
+            "attn-harness run: interrupted; finished steps are kept in " + str(out), file=sys.stderr
+        )
+        return EXIT_INTERRUPTED
+    inputs = [str(j.junit) for j in jobs if j.junit.exists()]
+    if bench_json.exists() and not args.no_bench:
+        inputs.append(str(bench_json))
+    index = _report(inputs, out / "report", say)
+    failed = [j.backend for j in jobs if j.code != 0]
+    say(
+        "main job: "
+        + (f"conformance FAILED for {', '.join(failed)}" if failed else "conformance passed")
+        + ("" if args.no_bench else f"; bench {'FAILED' if bench_code else 'passed'}")
+    )
+    if index is not None:
+        print(f"report: {index.resolve()}")
+    return EXIT_FAILED if failed or bench_code or index is None else EXIT_OK
+
+
+def _bench_verdict(log: Path, code: int) -> str:
+    from harness.cli.run_jobs import last_line
+
+    counts = last_line(log, "bench:")
+    return f"{counts.removeprefix('bench: ') if counts else 'no results'} (exit {code})"
+
+
+def _report(inputs: list[str], out: Path, say: Any) -> Path | None:
+    from harness.report import ReportError, build_report
+
+    if not inputs:
+        say("report: nothing to report (no step finished)")
+        return None
+    try:
+        index = build_report(inputs, out)
+    except (ReportError, OSError) as exc:
+        say(f"report: FAILED: {exc}")
+        return None
+    say(f"report: {index}")
+    return index

@@ -1,0 +1,340 @@
+"""What a conformance run tells its user: a live line, the verdict table, one entry per failure.
+
+The pytest plugin records how each conformance test ended (``Verdicts``);
+this module turns that into text. ``attn-harness conform`` shows only this
+(``CompactReporter`` stands in for pytest's terminal output); a plain
+``pytest --pyargs suites.conformance`` run, or ``conform -v``, shows pytest's
+full report and ends with the same verdict table and failure entries.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import pytest
+
+from harness.conformance.plugin_names import backend_entry_of
+
+_BLOB = re.compile(r"@reproduce_failure\('([^']+)', b'([^']*)'\)")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed conformance test, in the words a backend author acts on."""
+
+    backend: str
+    test: str  # the test's name with its parameters, as ``--replay`` selects it
+    detail: str  # what went wrong: the error against the bound, the crash, the refusal
+    scenario: str  # the shrunk draw in words ("" when the test draws none)
+    replay: str  # the one command that reruns exactly this failure
+
+
+@dataclass
+class Verdicts:
+    """How each backend's conformance tests ended, per test function."""
+
+    outcomes: dict[str, dict[str, Counter[str]]] = field(default_factory=dict)
+    failures: list[Failure] = field(default_factory=list)
+
+    def record(self, backend: str, function: str, outcome: str) -> None:
+        self.outcomes.setdefault(backend, {}).setdefault(function, Counter())[outcome] += 1
+
+    @property
+    def tests(self) -> int:
+        return sum(sum(c.values()) for tests in self.outcomes.values() for c in tests.values())
+
+    def count(self, outcome: str) -> int:
+        return sum(c[outcome] for tests in self.outcomes.values() for c in tests.values())
+
+    def nothing_checked(self) -> list[str]:
+        """Backends none of whose tests passed or failed (all skipped: outside the claim)."""
+        return sorted(
+            backend
+            for backend, tests in self.outcomes.items()
+            if not any(c["passed"] or c["failed"] for c in tests.values())
+        )
+
+
+def failure_text(exc: BaseException) -> tuple[str, str]:
+    """``(detail, scenario)`` of a failed test's exception, without tracebacks or dumps.
+
+    Property failures read ``PROPERTY violated by backend 'X'`` / ``scenario:
+    ...`` / the detail; crashes, overruns and refusals put the detail first.
+    A group of distinct failures (hypothesis found several) is read from its
+    first member.
+    """
+    others = 0
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        others += len(exc.exceptions) - 1
+        exc = exc.exceptions[0]
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__, ""
+    scenarios = [line.removeprefix("scenario: ") for line in lines if line.startswith("scenario:")]
+    rest = [line for line in lines[1:] if not line.startswith("scenario:")]
+    if "violated by backend" in lines[0] and rest:
+        detail = rest[0]
+    else:
+        detail = lines[0]
+        if not isinstance(exc, AssertionError) and type(exc).__name__ not in detail:
+            detail = f"{type(exc).__name__}: {detail}"
+    if others:
+        detail += f" (and {others} other distinct failure{'s' if others > 1 else ''})"
+    detail += "".join(f"\n{line}" for line in rest if line.startswith("claimed vs drawn:"))
+    return detail, scenarios[0] if scenarios else ""
+
+
+def reproduce_blob(exc: BaseException) -> tuple[str, str] | None:
+    """``(hypothesis version, blob)`` of the failing example, from hypothesis's notes."""
+    stack = [exc]
+    while stack:
+        current = stack.pop(0)
+        for note in getattr(current, "__notes__", ()):
+            match = _BLOB.search(note)
+            if match:
+                return match.group(1), match.group(2)
+        if isinstance(current, BaseExceptionGroup):
+            stack.extend(current.exceptions)
+    return None
+
+
+def replay_token(test: str, version: str, blob: str) -> str:
+    """The value of ``--replay``: ``TEST@HYPOTHESIS_VERSION:BLOB``."""
+    return f"{test}@{version}:{blob}"
+
+
+def parse_replay(value: str) -> tuple[str, str, bytes]:
+    """``(test, version, blob)`` from a ``--replay`` value; ``ValueError`` names what is wrong."""
+    test, at, rest = value.rpartition("@")
+    version, colon, blob = rest.partition(":")
+    if not (at and colon and test and version and blob):
+        raise ValueError(
+            f"--replay expects TEST@VERSION:BLOB as a failure report prints it, got {value!r}"
+        )
+    try:
+        data = ast.literal_eval(f"b'{blob}'")
+    except (SyntaxError, ValueError) as exc:
+        raise ValueError(f"--replay: {blob!r} is not a hypothesis failure blob") from exc
+    return test, version, data
+
+
+def _cell(counts: Counter[str], examples: int) -> str:
+    runs = sum(counts.values())
+    if counts["failed"]:
+        return f"FAILED {counts['failed']}/{runs}" if runs > 1 else "FAILED"
+    if counts["passed"]:
+        skipped = f", {counts['skipped']} unsupported" if counts["skipped"] else ""
+        held = f"{examples} ex" if examples else _plural(counts["passed"], "case")
+        return f"passed ({held}){skipped}"
+    return "unsupported"
+
+
+def verdict_rows(verdicts: Verdicts, examples: dict[str, Counter[str]]) -> list[list[str]]:
+    """Header and one row per test function: a cell per backend (outcome, examples held)."""
+    backends = list(verdicts.outcomes)
+    functions: list[str] = []
+    for tests in verdicts.outcomes.values():
+        functions += [f for f in tests if f not in functions]
+    rows = [["property", *backends]]
+    for function in sorted(functions):
+        cells = []
+        for backend in backends:
+            counts = verdicts.outcomes[backend].get(function)
+            held = examples.get(backend, Counter())[function]
+            cells.append("-" if counts is None else _cell(counts, held))
+        rows.append([function, *cells])
+    return rows
+
+
+def failure_lines(failure: Failure) -> list[str]:
+    test = shown_name(failure.test, failure.backend)
+    first, *more = failure.detail.splitlines()
+    lines = [f"FAILED {failure.backend} · {test}: {first}", *(f"       {m}" for m in more)]
+    if failure.scenario:
+        lines.append(f"       scenario: {failure.scenario}")
+    lines.append(f"       replay:   {failure.replay}")
+    return lines
+
+
+def closing_line(verdicts: Verdicts, seconds: float, problems: list[str]) -> str:
+    failed, tests = verdicts.count("failed"), verdicts.tests
+    if failed:
+        names = sorted({f.backend for f in verdicts.failures}) or sorted(verdicts.outcomes)
+        verdict = f"FAILED: {failed} of {_plural(tests, 'test')} failed ({', '.join(names)})"
+    elif problems:
+        verdict = "FAILED: " + "; ".join(problems)
+    else:
+        backends = ", ".join(verdicts.outcomes) or "no backend"
+        verdict = f"PASSED: every property held for {backends} ({_plural(tests, 'test')})"
+    return f"attn-harness conform: {verdict} in {seconds:.0f} s"
+
+
+def _plural(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
+
+
+def shown_name(test: str, backend: str) -> str:
+    """A test's name without its backend: ``test_x[reference-float32]`` -> ``test_x[float32]``."""
+    name, bracket, params = test.partition("[")
+    if not bracket:
+        return test
+    rest = params[:-1].removeprefix(backend).lstrip("-")
+    return f"{name}[{rest}]" if rest else name
+
+
+def _quiet() -> bool:
+    return bool(os.environ.get("CI")) or not sys.stdout.isatty()
+
+
+class LiveLine:
+    """One transient line on the terminal: the running test and its examples so far.
+
+    It writes to a duplicate of the terminal's file descriptor taken before
+    any test runs, so pytest's output capture (which redirects fd 1 during a
+    test) does not swallow it. Silent under ``CI`` or without a terminal.
+    """
+
+    def __init__(self) -> None:
+        self._progress: Any = None
+        self._task: Any = None
+        self._stream: IO[str] | None = None
+        if _quiet():
+            return
+        from rich.console import Console
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self._stream = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+        console = Console(file=self._stream, force_terminal=True)
+        self._progress = Progress(
+            SpinnerColumn(),
+            TextColumn("[{task.completed}/{task.total}]"),
+            TextColumn("{task.description}"),
+            TextColumn("{task.fields[examples]} held"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        )
+        self._task = self._progress.add_task("starting", total=0, examples=0)
+        self._progress.start()
+
+    def start_test(self, done: int, total: int, label: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=done, total=total, description=label)
+            self._progress.update(self._task, examples=0)
+
+    def example_held(self) -> None:
+        if self._progress is not None:
+            examples = self._progress.tasks[0].fields["examples"]
+            self._progress.update(self._task, examples=examples + 1)
+
+    def stop(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+
+class CompactReporter:
+    """Stands in for pytest's terminal reporter under ``attn-harness conform``.
+
+    It prints a header naming the backends, a live line on a terminal, and at
+    the end what ``summary()`` (given by the plugin) returns. Collection
+    errors and interruptions get one line each; pytest's full report is a
+    ``-v`` away.
+    """
+
+    def __init__(self, config: Any, summary: Any, notes: Any = list) -> None:
+        self.config = config
+        self.summary = summary  # () -> list[str], the verdict table and the rest
+        self.notes = notes  # () -> list[str], how the profile was sized for each backend
+        self.live: LiveLine | None = None
+        self.total = 0
+        self.done = 0
+        self.started = time.monotonic()
+        self.errors: list[str] = []
+        self.interrupted: str | None = None
+        self.backends: list[str] = []
+        self.functions = 0
+        self.header_printed = False
+        self.out = sys.stdout
+
+    def write(self, line: str = "") -> None:
+        print(line, file=self.out, flush=True)
+
+    # -- pytest hooks -----------------------------------------------------
+
+    def pytest_collectreport(self, report: Any) -> None:
+        if report.failed:
+            text = str(report.longrepr).strip().splitlines()
+            self.errors.append(f"could not collect {report.nodeid or 'the suite'}: {text[-1]}")
+
+    def pytest_collection_finish(self, session: Any) -> None:
+        self.total = len(session.items)
+        self.backends = []
+        for item in session.items:
+            entry = backend_entry_of(item)
+            if entry is not None and entry.name not in self.backends:
+                self.backends.append(entry.name)
+        self.functions = len({getattr(i, "originalname", i.name) for i in session.items})
+
+    def header(self) -> None:
+        """What runs, printed once the run starts (a usage error prints none)."""
+        if self.header_printed:
+            return
+        self.header_printed = True
+        option = self.config.option
+        threads = ""
+        if option.conformance_device == "cpu" and "torch" in sys.modules:
+            threads = f" · torch threads {sys.modules['torch'].get_num_threads()}"
+        self.write(
+            f"attn-harness conform: {', '.join(self.backends) or 'no backend'} · "
+            f"{_plural(self.functions, 'property', 'properties')}, "
+            f"{_plural(self.total, 'test')} · profile {option.conformance_profile} · "
+            f"device {option.conformance_device}{threads}"
+        )
+        for note in self.notes():
+            self.write(f"  {note}")
+
+    def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
+        if self.live is None:
+            self.header()
+            self.live = LiveLine()
+        self.live.start_test(self.done, self.total, nodeid.rpartition("::")[2])
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
+        self.done += 1
+
+    def example_held(self) -> None:
+        if self.live is not None:
+            self.live.example_held()
+
+    def pytest_keyboard_interrupt(self, excinfo: Any) -> None:
+        self.interrupted = "interrupted (Ctrl-C): no report written"
+
+    def pytest_internalerror(self, excrepr: Any, excinfo: Any) -> bool:
+        self.errors.append(f"internal error: {excinfo.typename}: {excinfo.value}")
+        return False
+
+    @pytest.hookimpl(trylast=True)  # after the plugin has settled the exit status
+    def pytest_sessionfinish(self, session: Any, exitstatus: int) -> None:
+        if self.live is not None:
+            self.live.stop()
+        if exitstatus == pytest.ExitCode.USAGE_ERROR:
+            return  # the caller prints the usage error; there is no verdict
+        if self.interrupted:
+            print(f"attn-harness conform: {self.interrupted}", file=sys.stderr, flush=True)
+            return
+        self.header()
+        for error in self.errors:
+            self.write(f"attn-harness conform: error: {error}")
+        for line in self.summary(time.monotonic() - self.started):
+            self.write(line)

@@ -1,0 +1,689 @@
+"""Hypothesis strategies for conformance: backend geometries and whole steps.
+
+Everything is drawn inside a backend's ``Capabilities`` and shrinks toward
+the simplest case (fp32, dp_size 1, one short sequence, small pages), so a
+failure reduces to a small reproducer. Sizes are bounded by a ``Budget``;
+the profiles in ``harness.conformance.profiles`` pick one.
+
+Production shapes (``harness.conformance.production_shapes``) are drawn two ways: by
+``production_scenarios(caps, regime)``, aimed at one family of kernel
+thresholds, and now and then inside ``scenarios`` so every property sees
+them. A ``CostLimit`` keeps each such example's memory and arithmetic bounded.
+
+Public: ``Budget``, ``geometries``, ``batches``, ``scenarios``,
+``production_scenarios``, ``multi_rank_scenarios``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
+
+import torch
+from hypothesis import strategies as st
+
+from harness.conformance.production_shapes import (
+    BUDGET_LONG_CHUNKS,
+    BUDGET_QUERY_LENS,
+    LARGE_DP_SIZES,
+    LONG_CONTEXT,
+    LONG_CONTEXTS,
+    MANY_SEQUENCES,
+    MODEL_GEOMETRIES,
+    MQA_HEADS,
+    PRODUCTION_GROUPS,
+    PRODUCTION_HEAD_DIMS,
+    PRODUCTION_PAGE_SIZES,
+    QUERY_TILES,
+    REGIMES,
+    SPEC_COMMON_QUERY_LENS,
+    SPEC_GROUPS,
+    SPEC_QUERY_LENS,
+    SPLIT_CONTEXTS,
+    TOKEN_BUDGETS,
+    WIDE_GROUPS,
+    CostLimit,
+)
+from harness.core.contract import Capabilities
+from harness.core.kv_pages import PoolLayout, dp_page_range, pages_needed
+from harness.core.variants import AttentionVariant, alibi_slopes_for
+from harness.numerics.scenario import Scenario, logit_offset_limit
+
+T = TypeVar("T")
+PAGE_SIZES = (2, 1, 3, 4, 5, 7, 8, 16)  # first is where shrinking lands
+HEAD_DIMS = (8, 16, 5, 13, 32, 64)
+BATCH_KINDS = ("decode", "prefill", "extend", "mixed", "spec-decode")
+SINGLE_RANK_ONE_IN = 8  # multi-rank draws that are one rank
+WINDOWS = (1, 2, 3, 4, 7, 16, 64)  # small windows: small contexts cross them
+PRODUCTION_WINDOWS = (64, 128, 256, 1024, 4096)  # peer grids' and Mistral's windows
+SOFT_CAPS = (10.0, 30.0, 50.0, 1.0, 5.0)  # the peer grids' caps, then ones small logits reach
+FP8_SCALES = (1.0, 0.5, 0.0625, 0.037, 2.0, 0.3)  # powers of two and not
+LOGIT_OFFSETS = (-1e5, -6e4, -3.5e4, -1.2e4, -1e3, 1e3, 3.5e4, 1e5)
+"""Row offsets past the finite sentinels kernels start a running maximum or mask at (-1e4,
+-3e4, -5e4), the side where those bugs live drawn more, and far above zero (an ``exp2``
+domain, a max kept in a narrow type)."""
+OFFSET_ONE_IN = 2  # steps whose rows get logit offsets
+
+
+MIXED_REGIMES = tuple(r for r in REGIMES if r != "token-budget")
+"""Regimes mixed into plain draws: a token-budget step (thousands of rows, seconds on a
+CPU backend) is drawn by its own production test only."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Upper bounds on drawn sizes, so a profile can keep examples cheap."""
+
+    max_seqs: int = 4
+    max_context: int = 40
+    max_layers: int = 3
+    max_dp_size: int = 16
+    max_heads: int = 16
+    production: CostLimit = field(default_factory=CostLimit)
+    production_rate: int = 4  # one plain draw in this many is a production shape
+
+
+CI_BUDGET = Budget()
+THOROUGH_BUDGET = Budget(
+    max_seqs=8,
+    max_context=160,
+    max_layers=4,
+    max_heads=32,
+    max_dp_size=64,
+    production=CostLimit(cache_elements=2**24, work=2**29),
+)
+
+
+def balanced(values: Sequence[T]) -> st.SearchStrategy[T]:
+    """One of ``values``, each about equally often; shrinks to the first.
+
+    ``sampled_from`` picks an index from a tiny range, where hypothesis's
+    generation (which repeats and mutates earlier choices) leaves one value
+    in a few percent of a derandomized run's examples; the low digits of a
+    wide integer are close to uniform.
+    """
+    return st.integers(0, 2**16 - 1).map(lambda i: values[i % len(values)])
+
+
+@st.composite
+def attention_variants(
+    draw: st.DrawFn,
+    caps: Capabilities,
+    num_heads: int,
+    windows: tuple[int, ...] = WINDOWS,
+) -> AttentionVariant:
+    """Variants inside the claim, drawn together; plain attention half the time (shrinks there)."""
+    claimed = (
+        caps.sliding_window,
+        caps.soft_cap,
+        caps.sinks,
+        caps.alibi,
+        len(caps.kv_cache_dtypes) > 1 or caps.kv_cache_dtypes != ("auto",),
+    )
+    if not any(claimed) or not draw(balanced((False, True))):
+        return AttentionVariant() if "auto" in caps.kv_cache_dtypes else _fp8_only(draw, caps)
+
+    def on(claim: bool) -> bool:
+        return claim and draw(st.booleans())
+
+    window = draw(st.sampled_from(windows)) if on(caps.sliding_window) else None
+    cap = draw(st.sampled_from(SOFT_CAPS)) if on(caps.soft_cap) else None
+    sinks = None
+    if on(caps.sinks):
+        per_head = st.floats(-4.0, 4.0, allow_nan=False, width=32)
+        sinks = tuple(draw(st.lists(per_head, min_size=num_heads, max_size=num_heads)))
+    slopes = None
+    if on(caps.alibi):
+        factor = draw(st.sampled_from((1.0, 0.25, 4.0, -1.0)))  # vLLM's tests draw randn slopes
+        slopes = tuple(factor * s for s in alibi_slopes_for(num_heads))
+    cache_dtype = draw(st.sampled_from(caps.kv_cache_dtypes))
+    if cache_dtype == "auto":
+        return AttentionVariant(
+            sliding_window=window, logits_soft_cap=cap, sinks=sinks, alibi_slopes=slopes
+        )
+    return AttentionVariant(
+        sliding_window=window,
+        logits_soft_cap=cap,
+        sinks=sinks,
+        alibi_slopes=slopes,
+        kv_cache_dtype=cache_dtype,
+        k_scale=draw(st.sampled_from(FP8_SCALES)),
+        v_scale=draw(st.sampled_from(FP8_SCALES)),
+    )
+
+
+def _fp8_only(draw: st.DrawFn, caps: Capabilities) -> AttentionVariant:
+    """A backend whose claim has no ``"auto"`` cache: an FP8 cache every time."""
+    return AttentionVariant(
+        kv_cache_dtype=draw(st.sampled_from(caps.kv_cache_dtypes)),
+        k_scale=draw(st.sampled_from(FP8_SCALES)),
+        v_scale=draw(st.sampled_from(FP8_SCALES)),
+    )
+
+
+def with_variant(
+    draw: st.DrawFn, caps: Capabilities, scenario: Scenario, windows: tuple[int, ...] = WINDOWS
+) -> Scenario:
+    """``scenario`` with a variant and a cache layout drawn inside ``caps``."""
+    return replace(
+        scenario,
+        variant=draw(attention_variants(caps, scenario.num_heads, windows)),
+        cache_layout=(
+            draw(st.sampled_from(caps.cache_layouts))
+            if len(caps.cache_layouts) > 1
+            else caps.cache_layouts[0]
+        ),
+    )
+
+
+@st.composite
+def geometries(
+    draw: st.DrawFn, caps: Capabilities, budget: Budget = CI_BUDGET, device: str = "cpu"
+) -> Scenario:
+    """Heads (GQA groups 1..8, MQA included), head dim, page size, dtype, scale, layers."""
+    dtype = draw(balanced(caps.dtypes))
+    kv_heads = draw(st.integers(1, 4))
+    group = draw(st.integers(1, max(1, min(8, budget.max_heads // kv_heads))))
+    head_dims = HEAD_DIMS if caps.head_dims is None else caps.head_dims  # () claims none
+    page_sizes = PAGE_SIZES if caps.page_sizes is None else caps.page_sizes
+    scale = draw(st.one_of(st.none(), st.floats(0.03, 2.0, allow_nan=False)))
+    # Large logits need a stable softmax; they are drawn rarely and shrink away.
+    magnitude = draw(st.sampled_from((1.0, 1.0, 1.0, 8.0, 30.0)))
+    if dtype != torch.float32 and magnitude > 8.0:
+        magnitude = 8.0  # keeps q.k inside fp16's range; the logits are still in the hundreds
+    geometry = Scenario(
+        num_heads=kv_heads * group,
+        num_kv_heads=kv_heads,
+        head_dim=draw(st.sampled_from(head_dims)),
+        page_size=draw(st.sampled_from(page_sizes)),
+        num_layers=draw(st.integers(1, budget.max_layers)),
+        dtype=dtype,
+        scale=scale,
+        magnitude=magnitude,
+        causal=not draw(st.booleans()) if caps.non_causal else True,  # shrinks to causal
+        device=device,
+    )
+    return with_variant(draw, caps, geometry)
+
+
+def _context(draw: st.DrawFn, low: int, high: int, page_size: int) -> int:
+    """A length, sometimes exactly on a page boundary."""
+    if draw(st.booleans()) and high >= page_size:
+        pages = draw(st.integers(max(1, pages_needed(low, page_size)), high // page_size))
+        return pages * page_size
+    return draw(st.integers(low, high))
+
+
+@st.composite
+def batches(
+    draw: st.DrawFn, page_size: int, budget: Budget = CI_BUDGET, max_seq_len: int | None = None
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(context_lens, query_lens)`` of a decode, prefill, extend or mixed batch."""
+    kind = draw(st.sampled_from(BATCH_KINDS))
+    high = min(budget.max_context, max_seq_len or budget.max_context)
+    if kind == "spec-decode" and high >= 3:
+        return _spec_decode_batch(draw, page_size, high, max(2, budget.max_seqs))
+    contexts, queries = [], []
+    for _ in range(draw(st.integers(1, budget.max_seqs))):
+        row = kind if kind != "mixed" else draw(st.sampled_from(BATCH_KINDS[:3]))
+        if row == "extend" and high < 3:
+            row = "prefill"
+        if row == "decode":
+            length = _context(draw, 1, high, page_size)
+            query = 1
+        elif row == "prefill":
+            length = _context(draw, 1, high, page_size)
+            query = length
+        else:  # extend: 1 < q < L, the chunked-prefill case
+            length = _context(draw, 3, high, page_size)
+            query = draw(st.integers(2, length - 1))
+        contexts.append(length)
+        queries.append(query)
+    return tuple(contexts), tuple(queries)
+
+
+def spec_query_lens() -> st.SearchStrategy[int]:
+    """A speculative-decoding step's query length per request: 2-8, 3-7 twice as often."""
+    return balanced((*SPEC_QUERY_LENS, *SPEC_COMMON_QUERY_LENS))
+
+
+def _spec_decode_batch(
+    draw: st.DrawFn, page_size: int, high: int, max_rows: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Two or more requests verifying the same number of draft tokens, each with a history."""
+    query = min(draw(spec_query_lens()), high - 1)
+    rows = draw(st.integers(2, max_rows))
+    contexts = tuple(_context(draw, query + 1, high, page_size) for _ in range(rows))
+    return contexts, (query,) * rows
+
+
+@st.composite
+def _served_heads(draw: st.DrawFn, caps: Capabilities, base: Scenario, budget: Budget) -> Scenario:
+    """``base`` with one or two KV heads at the GQA group of a served model (``SPEC_GROUPS``).
+
+    Speculative decoding runs on served models, whose groups (5, 6, 7 among
+    them) the plain 1..8 draw rarely gives; sinks and ALiBi slopes are per
+    head, so the variant is drawn again for the new head count.
+    """
+    kv_heads = draw(balanced((1, 2)))  # plain draws stay small; the regime has 4 and 8 too
+    groups = [g for g in SPEC_GROUPS if kv_heads * g <= budget.max_heads] or [1]
+    heads = kv_heads * draw(balanced(tuple(groups)))
+    return with_variant(draw, caps, replace(base, num_heads=heads, num_kv_heads=kv_heads))
+
+
+def _logit_offsets(draw: st.DrawFn, base: Scenario, rows: int) -> tuple[float, ...]:
+    """Per-sequence logit offsets one step in ``OFFSET_ONE_IN`` (none: shrinks there).
+
+    Up to eight rows draw their own offset (zero among them, so a step mixes
+    rows far from zero and near it); a larger batch shares one.
+    """
+    if draw(st.integers(0, OFFSET_ONE_IN - 1)) != OFFSET_ONE_IN - 1:
+        return ()
+    limit = logit_offset_limit(base)
+    menu = (0.0, *(o for o in LOGIT_OFFSETS if abs(o) <= limit))
+    if rows > 8:
+        return (draw(balanced(menu[1:] or menu)),) * rows
+    return tuple(draw(balanced(menu)) for _ in range(rows))
+
+
+def _pool_size(draw: st.DrawFn, needed: int, dp_size: int) -> int:
+    """A pool whose smallest rank range holds ``needed`` pages; divisible by dp_size or not."""
+    per_rank = needed + draw(st.integers(0, 3))
+    return per_rank * dp_size + draw(st.integers(0, dp_size - 1))
+
+
+def _pages_for(contexts: tuple[int, ...], page_size: int, shared_pages: int = 0) -> int:
+    total = sum(pages_needed(length, page_size) for length in contexts)
+    return total - shared_pages * (len(contexts) - 1)
+
+
+def _max_dp(caps: Capabilities, budget: Budget, dp_aware: bool, min_dp_size: int) -> int:
+    max_dp = min(budget.max_dp_size, caps.max_dp_size or budget.max_dp_size) if dp_aware else 1
+    if max_dp < min_dp_size:
+        raise ValueError(f"cannot draw dp_size >= {min_dp_size}: the backend allows {max_dp}")
+    return max_dp
+
+
+def _step_options(
+    draw: st.DrawFn,
+    caps: Capabilities,
+    base: Scenario,
+    contexts: tuple[int, ...],
+    queries: tuple[int, ...],
+    dp_size: int,
+    *,
+    dp_rank: int | None = None,
+    total_pages: int | None = None,
+    layout: PoolLayout | None = None,
+) -> Scenario:
+    """Everything of a step beyond its geometry and lengths: rank, pool, padding, views."""
+    shared_prefix = 0
+    cached = [c - q for c, q in zip(contexts, queries, strict=True)]
+    if len(contexts) > 1 and min(cached) >= base.page_size and draw(st.booleans()):
+        shared_prefix = draw(st.integers(base.page_size, min(cached)))
+    shared_pages = shared_prefix // base.page_size
+    pad_to = None
+    if caps.graph_mode and draw(st.booleans()):
+        pad_to = len(contexts) + draw(st.integers(0, 2))
+    if total_pages is None:
+        needed = _pages_for(contexts, base.page_size, shared_pages)
+        total_pages = _pool_size(draw, needed, dp_size)
+    return replace(
+        base,
+        context_lens=contexts,
+        query_lens=queries,
+        dp_size=dp_size,
+        dp_rank=draw(st.integers(0, dp_size - 1)) if dp_rank is None else dp_rank,
+        total_pages=total_pages,
+        layout=draw(st.sampled_from(list(PoolLayout))) if layout is None else layout,
+        pad_to=pad_to,
+        pad_query_len=draw(st.integers(1, 2)),
+        shuffle_pages=draw(st.booleans()),
+        shared_prefix=shared_prefix,
+        noncontiguous=draw(st.booleans()),
+        combined_kv=draw(st.booleans()),
+        planted_keys=draw(st.sampled_from((0, 0, 1, 3))),
+        logit_offsets=_logit_offsets(draw, base, len(contexts)),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+@st.composite
+def scenarios(
+    draw: st.DrawFn,
+    caps: Capabilities,
+    *,
+    dp_aware: bool = True,
+    budget: Budget = CI_BUDGET,
+    min_dp_size: int = 1,
+    device: str = "cpu",
+) -> Scenario:
+    """One rank's step with everything the contract varies, inside ``caps``, on ``device``.
+
+    One draw in ``budget.production_rate`` is a production shape of a drawn
+    regime (``MIXED_REGIMES``); the rest are small, and shrinking lands there.
+    """
+    max_dp = _max_dp(caps, budget, dp_aware, min_dp_size)
+    rate = budget.production_rate
+    if rate and draw(st.integers(0, rate - 1)) == rate - 1:
+        regime = draw(st.sampled_from(MIXED_REGIMES))
+        return draw(
+            production_scenarios(
+                caps,
+                regime,
+                dp_aware=dp_aware,
+                budget=budget,
+                min_dp_size=min_dp_size,
+                device=device,
+            )
+        )
+    base = draw(geometries(caps, budget, device))
+    contexts, queries = draw(batches(base.page_size, budget, caps.max_seq_len))
+    if (
+        len(queries) >= 2
+        and len(set(queries)) == 1
+        and queries[0] >= 2
+        and queries[0] < min(contexts)
+    ):
+        base = draw(_served_heads(caps, base, budget))  # a spec-decode step
+    dp_size = draw(st.integers(min_dp_size, max_dp))
+    return _step_options(draw, caps, base, contexts, queries, dp_size)
+
+
+# -- production shapes ---------------------------------------------------------------
+
+
+def _claimed(claim: tuple[int, ...] | None, wanted: tuple[int, ...]) -> tuple[int, ...]:
+    """``wanted`` narrowed to the claim; the claim itself when none of ``wanted`` is in it."""
+    if claim is None:
+        return wanted
+    return tuple(v for v in wanted if v in claim) or tuple(claim)
+
+
+@st.composite
+def production_geometries(
+    draw: st.DrawFn, caps: Capabilities, regime: str, device: str = "cpu"
+) -> Scenario:
+    """Heads, head dim, page size and dtype of production size, aimed at ``regime``."""
+    head_dims = _claimed(caps.head_dims, PRODUCTION_HEAD_DIMS)
+    models = [m for m in MODEL_GEOMETRIES if m.head_dim in head_dims]
+    kind = draw(st.sampled_from(("model", "wide-group", "mqa", "wide-head")))
+    if regime == "head-geometry" and kind == "model" and models:
+        model = draw(st.sampled_from(models))
+        heads, kv_heads, head_dim = model.num_heads, model.num_kv_heads, model.head_dim
+    elif regime == "head-geometry":
+        kv_heads = 1 if kind == "mqa" else draw(st.sampled_from((1, 2, 4, 8)))
+        groups = {"mqa": MQA_HEADS, "wide-group": WIDE_GROUPS}.get(kind, PRODUCTION_GROUPS)
+        heads = kv_heads * draw(st.sampled_from(groups))
+        wide = tuple(d for d in head_dims if d > 128) if kind == "wide-head" else ()
+        head_dim = draw(st.sampled_from(wide or head_dims))
+    elif regime == "spec-decode":  # the GQA groups of served models, MQA included
+        if kind == "mqa":
+            kv_heads, heads = 1, draw(st.sampled_from(MQA_HEADS))
+        else:
+            kv_heads = draw(st.sampled_from((1, 2, 4, 8)))
+            heads = kv_heads * draw(balanced(SPEC_GROUPS))
+        fitting = tuple(d for d in head_dims if d <= 128) or head_dims
+        head_dim = draw(st.sampled_from(fitting))
+    elif regime == "token-budget":  # tens of thousands of tokens fit only with tiny heads
+        kv_heads, heads = 1, draw(st.sampled_from((1, 2, 4)))
+        head_dim = draw(st.sampled_from(sorted(caps.head_dims or HEAD_DIMS)[:2]))
+    else:  # long contexts and big pools fit only with few KV heads
+        small = regime in ("long-context", "dp-groups")
+        kv_heads = draw(st.sampled_from((1, 2) if small else (1, 2, 4, 8)))
+        heads = kv_heads * draw(st.sampled_from((1, 4, 8) if small else (1, 2, 4, 8)))
+        fitting = tuple(d for d in head_dims if d <= 128) or head_dims
+        head_dim = draw(st.sampled_from(fitting if small else head_dims))
+    small_pages = (1, 2, 3, 16)
+    wanted = (
+        PRODUCTION_PAGE_SIZES if regime == "page-sizes" else small_pages + PRODUCTION_PAGE_SIZES
+    )
+    geometry = Scenario(
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        page_size=draw(st.sampled_from(_claimed(caps.page_sizes, wanted))),
+        num_layers=1,
+        dtype=draw(balanced(caps.dtypes)),
+        scale=None,
+        causal=not draw(st.booleans()) if caps.non_causal else True,
+        device=device,
+    )
+    return with_variant(draw, caps, geometry, PRODUCTION_WINDOWS)
+
+
+def _query_kinds(length: int) -> tuple[tuple[str, int], ...]:
+    """Decode, extend past a 64- and a 128-row tile, and prefill, for a ``length``-key row."""
+    return (("decode", 1), *(("extend", q) for q in (65, 129) if q < length), ("prefill", length))
+
+
+@st.composite
+def production_batches(
+    draw: st.DrawFn, regime: str, geometry: Scenario, limit: CostLimit, max_seq_len: int | None
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(context_lens, query_lens)`` aimed at ``regime``, inside the cost limit."""
+    g = geometry
+    tokens_left = limit.max_tokens(g.num_kv_heads, g.head_dim)
+    query_context_left = limit.max_query_context(g.num_heads, g.head_dim)
+    cap = max_seq_len or LONG_CONTEXT * 2
+
+    def fits(length: int, query: int) -> bool:
+        return _fits(g, length, query, tokens_left, query_context_left, cap)
+
+    if regime == "token-budget":
+        return draw(_token_budget_batch(g, tokens_left, query_context_left, cap))
+    if regime == "spec-decode":
+        return draw(_spec_decode_production(g, tokens_left, query_context_left, cap))
+    if regime == "many-sequences":
+        count = draw(st.sampled_from(MANY_SEQUENCES))
+        menu = tuple(range(1, 49))
+    elif regime == "long-context":
+        count, menu = draw(st.integers(1, 2)), LONG_CONTEXTS
+    elif regime == "page-sizes":
+        count = draw(st.integers(1, 4))
+        menu = tuple(g.page_size * n + d for n in (1, 2, 3, 8) for d in (-1, 0, 1))
+    elif regime in ("head-geometry", "dp-groups"):
+        count = draw(st.integers(1, 3))
+        menu = SPLIT_CONTEXTS[:12] if regime == "head-geometry" else tuple(range(1, 300, 7))
+    else:
+        count, menu = draw(st.integers(1, 4)), SPLIT_CONTEXTS
+    contexts, queries = [], []
+    for _ in range(count):
+        if regime == "query-tiles":
+            query = draw(st.sampled_from(QUERY_TILES))
+            options = [(query, query), (query + draw(st.integers(1, 300)), query)]
+            options = [(length, q) for length, q in options if fits(length, q)]
+        else:
+            options = [(length, 1) for length in menu if length >= 1 and fits(length, 1)]
+        if not options:
+            break
+        length, query = draw(st.sampled_from(options))
+        if regime not in ("query-tiles", "long-context"):
+            kinds = [kind for kind in _query_kinds(length) if fits(length, kind[1])]
+            query = draw(st.sampled_from(kinds))[1]
+        contexts.append(length)
+        queries.append(query)
+        tokens_left -= pages_needed(length, g.page_size) * g.page_size
+        query_context_left -= query * length
+    if not contexts:  # the claim or the limit leaves nothing past a threshold: stay small
+        return (min(g.page_size + 1, cap),), (1,)
+    return tuple(contexts), tuple(queries)
+
+
+def _fits(g: Scenario, length: int, query: int, slots_left: int, work_left: int, cap: int) -> bool:
+    slots = pages_needed(length, g.page_size) * g.page_size
+    return length <= cap and slots <= slots_left and query * length <= work_left
+
+
+@st.composite
+def _spec_decode_production(
+    draw: st.DrawFn, g: Scenario, slots_left: int, work_left: int, cap: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """2-16 requests with one drafted query length, over contexts past split and tile sizes."""
+    query = draw(spec_query_lens())
+    rows = draw(st.sampled_from((2, 3, 4, 8, 16)))
+    menu = (*SPLIT_CONTEXTS, *LONG_CONTEXTS)
+    share = (slots_left // rows, work_left // rows)  # every row must fit, so each gets a share
+    options = [n for n in menu if n > query and _fits(g, n, query, *share, cap)]
+    if not options:  # the claim or the limit leaves no long context: short ones still verify
+        options = [n for n in range(query + 1, query + 9) if _fits(g, n, query, *share, cap)]
+    if not options:
+        return (min(g.page_size + 1, cap),), (1,)
+    contexts = tuple(draw(st.sampled_from(options)) for _ in range(rows))
+    return contexts, (query,) * rows
+
+
+@st.composite
+def _token_budget_batch(
+    draw: st.DrawFn, g: Scenario, slots_left: int, work_left: int, cap: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A step just past an engine's token budget: many short prefills, chunks and decodes.
+
+    Rows come from a seeded ``random.Random`` (hundreds of rows would be
+    hundreds of draws): half decodes over up to 300 keys, the rest 64-129
+    new tokens (one in eight 200-600) over 0-63 cached ones. When the cost limit runs short,
+    the remaining tokens come as 64-token prefills, the cheapest rows.
+    """
+    cheapest = 64
+    cheap_slots = pages_needed(cheapest, g.page_size) * g.page_size
+    budget = (slots_left, work_left)
+
+    def affordable(tokens: int, slots: int, work: int) -> bool:
+        rows = -(-tokens // cheapest)
+        return rows * cheap_slots <= slots and rows * cheapest * cheapest <= work
+
+    targets = [t for t in TOKEN_BUDGETS if cap >= cheapest and affordable(t + 64, *budget)]
+    if not targets:
+        return (min(g.page_size + 1, cap),), (1,)
+    target = draw(st.sampled_from(targets)) + draw(st.integers(0, 64))
+    rng = random.Random(draw(st.integers(0, 2**16)))
+    contexts: list[int] = []
+    queries: list[int] = []
+    tokens = 0
+    while tokens < target:
+        left = target - tokens
+        if rng.random() < 0.5:
+            query, length = 1, rng.randint(2, min(300, cap))
+        else:
+            chunks = BUDGET_LONG_CHUNKS if rng.random() < 0.125 else BUDGET_QUERY_LENS
+            query = min(rng.choice(chunks), left)
+            length = min(query + rng.choice((0, 0, 0, 1, 17, 63)), cap)
+        slots = pages_needed(length, g.page_size) * g.page_size
+        after = (slots_left - slots, work_left - query * length)
+        if min(after) < 0 or not affordable(max(0, left - query), *after):
+            query, length, slots = min(cheapest, left), cheapest, cheap_slots
+        contexts.append(length)
+        queries.append(query)
+        tokens += query
+        slots_left -= slots
+        work_left -= query * length
+    return tuple(contexts), tuple(queries)
+
+
+def _large_pool(
+    draw: st.DrawFn, base: Scenario, needed: int, dp_size: int, dp_rank: int, limit: CostLimit
+) -> tuple[int, PoolLayout] | None:
+    """A pool whose ``dp_rank`` range starts past page 32767 (int16 page ids), if it fits."""
+    if dp_rank == 0:
+        return None
+    per_rank = max(needed + 1, -(-(2**15 + 1) // dp_rank))
+    total = per_rank * dp_size + draw(st.integers(0, dp_size - 1))
+    slots = base.num_kv_heads * base.head_dim * base.page_size
+    if total * slots <= limit.cache_elements:
+        return total, draw(st.sampled_from(list(PoolLayout)))
+    if (per_rank + 1) * slots <= limit.cache_elements:
+        return total, PoolLayout.PER_RANK
+    return None
+
+
+@st.composite
+def production_scenarios(
+    draw: st.DrawFn,
+    caps: Capabilities,
+    regime: str,
+    *,
+    dp_aware: bool = True,
+    budget: Budget = CI_BUDGET,
+    min_dp_size: int = 1,
+    device: str = "cpu",
+) -> Scenario:
+    """One rank's step of production size aimed at ``regime`` (see ``REGIMES``)."""
+    if regime not in REGIMES:
+        raise ValueError(f"unknown regime {regime!r}; choose from {', '.join(REGIMES)}")
+    limit = budget.production
+    max_dp = _max_dp(caps, replace(budget, max_dp_size=max(LARGE_DP_SIZES)), dp_aware, min_dp_size)
+    base = draw(production_geometries(caps, regime, device))
+    contexts, queries = draw(production_batches(regime, base, limit, caps.max_seq_len))
+    large = [d for d in LARGE_DP_SIZES if min_dp_size <= d <= max_dp]
+    if regime == "dp-groups" and large:
+        dp_size = draw(st.sampled_from(large))
+        dp_rank = dp_size - 1 - draw(st.integers(0, dp_size - 1))  # shrinks to the last rank
+    else:
+        dp_size = draw(st.integers(min_dp_size, min(max_dp, max(min_dp_size, 4))))
+        dp_rank = draw(st.integers(0, dp_size - 1))
+    needed = _pages_for(contexts, base.page_size)
+    total, layout = _pool_size(draw, needed, dp_size), None
+    if regime == "dp-groups" and draw(balanced((True, True, False))):  # mostly ids past int16
+        found = _large_pool(draw, base, needed, dp_size, dp_rank, limit)
+        if found is not None:
+            total, layout = found
+    if total * base.page_size * base.num_kv_heads * base.head_dim > limit.cache_elements:
+        layout = PoolLayout.PER_RANK  # the whole pool would not fit: hold this rank's pages only
+    return _step_options(
+        draw,
+        caps,
+        base,
+        contexts,
+        queries,
+        dp_size,
+        dp_rank=dp_rank,
+        total_pages=total,
+        layout=layout,
+    )
+
+
+@st.composite
+def multi_rank_scenarios(
+    draw: st.DrawFn,
+    caps: Capabilities,
+    *,
+    dp_aware: bool = True,
+    budget: Budget = CI_BUDGET,
+    device: str = "cpu",
+) -> list[Scenario]:
+    """One step for every rank of one DP group, sharing geometry and pool size.
+
+    About one draw in eight is a single rank (where shrinking lands); the
+    rest are real groups of two or more.
+    """
+    groups = dp_aware and _max_dp(caps, budget, dp_aware, 1) >= 2
+    single = draw(balanced((True, *[False] * (SINGLE_RANK_ONE_IN - 1))))
+    min_dp_size = 1 if single or not groups else 2
+    first = draw(
+        scenarios(caps, dp_aware=dp_aware, budget=budget, min_dp_size=min_dp_size, device=device)
+    )
+    dp_size = first.dp_size
+    ranks = []
+    needed = 0
+    for rank in range(dp_size):
+        contexts, queries = draw(
+            batches(first.page_size, replace(budget, max_seqs=3), caps.max_seq_len)
+        )
+        needed = max(needed, _pages_for(contexts, first.page_size))
+        ranks.append(
+            replace(
+                first,
+                dp_rank=rank,
+                context_lens=contexts,
+                query_lens=queries,
+                shared_prefix=0,
+                pad_to=None,
+                seed=first.seed + rank,
+            )
+        )
+    total = _pool_size(draw, needed, dp_size)
+    ranks = [replace(s, total_pages=total) for s in ranks]
+    assert all(len(dp_page_range(total, dp_size, s.dp_rank)) >= needed for s in ranks)
+    return ranks

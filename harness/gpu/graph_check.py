@@ -1,0 +1,634 @@
+"""Graph-mode readiness: a ``forward`` with no host sync, and a captured forward that replays right.
+
+    PYTHONPATH=. python -m harness.gpu.graph_check --backend NAME [--backend ...] [--json PATH]
+
+An engine captures each layer's ``forward`` in a CUDA graph after
+``prepare(..., graph_mode=True)`` and replays it with new contents in the
+same buffers. The conformance suites check the outputs of graph-mode
+padding, not the capture itself, so a backend that calls ``.item()`` in
+``forward``, or whose captured kernels read a stale buffer, passes them and
+fails in the engine. For each backend and each production-ish step of
+``SHAPES`` (bf16, 32/8 heads, head dim 128, page 16, padded rows at the end)
+this module:
+
+1. runs an eager ``forward`` (the first call may compile or autotune) and
+   holds its output to the float64 oracle, and its cache to the slots of
+   ``slot_mapping`` (every new token written, nothing else);
+2. runs ``forward`` again under ``torch.cuda.set_sync_debug_mode("error")``:
+   a host synchronisation is a failure naming the backend;
+3. captures ``forward`` in a ``torch.cuda.CUDAGraph`` (warmed up on a side
+   stream, as torch's CUDA-graph docs describe) while its buffers hold
+   another step's values (same metadata), then loads this step's values
+   and cache into the same buffers, poisons the captured output with NaN
+   and replays: the replay must pass the oracle, and the cache after it
+   must equal eager's bit for bit. Whether the replay is bit-identical to
+   eager is reported, not required.
+
+Padded rows' outputs are never checked. Each backend is built with
+``validate=False`` where its constructor takes it, as engines time it.
+``--device cpu`` runs step 1 and, in place of step 3, a second instance's
+eager ``forward`` on the other values, then on this step's (no sync check,
+no capture): the same comparisons, for machines without a GPU.
+
+Exit 0: every backend checked passed (those outside their claim or not
+registered are skipped); 1: a failure, or nothing could be checked; 2: bad
+usage, or no CUDA device for ``--device cuda``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.bench.runner import accepts_validate
+from harness.core.contract import capabilities_of
+from harness.core.kv_pages import pages_needed
+from harness.core.registry import BackendEntry, default_registry
+from harness.numerics.canary import bits, changed_slots, snapshot
+from harness.numerics.scenario import (
+    Scenario,
+    StepInputs,
+    backend_for,
+    check_outputs,
+    make_step_inputs,
+)
+from harness.numerics.tolerance import Comparison
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+WARMUP_CALLS = 2  # on the side stream before capture
+
+
+@dataclass(frozen=True)
+class GraphShape:
+    """One step as an engine would capture it: real rows, then ``pad_rows`` padded requests."""
+
+    name: str
+    context_lens: tuple[int, ...]
+    query_lens: tuple[int, ...]
+    pad_rows: int
+    pad_query_len: int = 1
+    num_heads: int = 32
+    num_kv_heads: int = 8
+    head_dim: int = 128
+    page_size: int = 16
+
+    def scenario(self, device: str, dtype: torch.dtype) -> Scenario:
+        pages = sum(pages_needed(n, self.page_size) for n in self.context_lens)
+        return Scenario(
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            page_size=self.page_size,
+            total_pages=pages + 8,  # spare pages: NaN memory no row owns
+            num_layers=1,
+            context_lens=self.context_lens,
+            query_lens=self.query_lens,
+            dtype=dtype,
+            pad_to=len(self.context_lens) + self.pad_rows,
+            pad_query_len=self.pad_query_len,
+            planted_keys=2,  # a dropped or misplaced boundary key is a large error
+            seed=zlib.crc32(self.name.encode()) & 0x7FFFFFFF,  # stable per shape
+            device=device,
+        )
+
+
+SHAPES: tuple[GraphShape, ...] = (
+    GraphShape("decode 8x1000 +2 padded", (1000,) * 8, (1,) * 8, pad_rows=2),
+    GraphShape(
+        "mixed 5 decode@1000 + extend 200/700 + prompt 64, +2 padded x3 tokens",
+        (1000,) * 5 + (700, 64),
+        (1,) * 5 + (200, 64),
+        pad_rows=2,
+        pad_query_len=3,
+    ),
+)
+
+
+@dataclass
+class ShapeResult:
+    """The outcome of one backend on one shape; ``problems`` empty means it passed."""
+
+    shape: str
+    status: str
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    eager: dict[str, Any] | None = None  # oracle comparison of the eager output
+    replay: dict[str, Any] | None = None  # ... of the replayed (or second eager) output
+    replay_max_abs_diff: float | None = None  # vs eager, real rows
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "shape": self.shape,
+            "status": self.status,
+            "problems": self.problems,
+            "notes": self.notes,
+            "eager": self.eager,
+            "replay": self.replay,
+            "replay_max_abs_diff": self.replay_max_abs_diff,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+@dataclass
+class BackendResult:
+    name: str
+    status: str
+    reason: str
+    shapes: list[ShapeResult] = field(default_factory=list)
+
+    def line(self) -> str:
+        return f"{self.status} {self.name}: {self.reason}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "backend": self.name,
+            "status": self.status,
+            "reason": self.reason,
+            "shapes": [s.to_json() for s in self.shapes],
+        }
+
+
+def _oracle_json(comparison: Comparison) -> dict[str, Any]:
+    return {
+        "passed": comparison.passed,
+        "worst_ratio": comparison.worst_ratio,
+        "checked_tokens": comparison.checked_tokens,
+        "nonfinite": comparison.nonfinite,
+        "detail": comparison.describe(),
+    }
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+@contextlib.contextmanager
+def sync_debug_errors() -> Iterator[None]:
+    """``torch.cuda.set_sync_debug_mode("error")`` for the block, then back to what it was."""
+    before = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(before)
+
+
+class _Step:
+    """One shape's inputs on the device, with the contents to load into them between runs.
+
+    ``inputs`` is the step that is checked. ``other`` is the same step
+    (same metadata) with other values; the capture's warm-up runs on those,
+    and the replay on ``inputs``' values loaded into the same buffers, as an
+    engine replays with new contents: a graph that kept what it saw while
+    being made, instead of reading its buffers, gives the other step's answer.
+    """
+
+    def __init__(self, shape: GraphShape, device: str, dtype: torch.dtype) -> None:
+        self.shape = shape
+        self.device = device
+        scenario = shape.scenario(device, dtype)
+        self.inputs: StepInputs = make_step_inputs(scenario)
+        self.scenario = self.inputs.scenario
+        other = make_step_inputs(replace(scenario, seed=scenario.seed + 1))
+        for name in ("query_start_loc", "seq_lens", "block_table", "slot_mapping"):
+            mine, theirs = (
+                getattr(self.inputs.step.metadata, name),
+                getattr(other.step.metadata, name),
+            )
+            if not torch.equal(mine, theirs):
+                raise RuntimeError(f"the alternate step's {name} differs from the step's")
+        self.args = self.inputs.forward_args(0)  # the buffers every run reads
+        self.contents = {
+            "checked": self._contents(self.inputs),
+            "other": self._contents(other),
+        }
+        self.pristine_bits = snapshot(self.inputs.caches)
+        slots = self.inputs.step.metadata.slot_mapping.tolist()
+        self.expected_writes = {s for s in slots if s != -1}
+
+    @staticmethod
+    def _contents(inputs: StepInputs) -> list[torch.Tensor]:
+        tensors = [t for c in inputs.caches for t in (c.key, c.value)]
+        return [t.clone() for t in (*tensors, *inputs.forward_args(0))]
+
+    def load(self, which: str = "checked") -> None:
+        """Cache (as built: new tokens' slots unwritten) and inputs of ``which``, in place."""
+        targets = [t for c in self.inputs.caches for t in (c.key, c.value)] + list(self.args)
+        for target, source in zip(targets, self.contents[which], strict=True):
+            target.copy_(source)
+
+    def restore(self) -> None:
+        self.load("checked")
+
+    def forward_args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.args
+
+    def prepared(self, entry: BackendEntry) -> Any:
+        """A new instance, bound to the cache and prepared in graph mode."""
+        kwargs: dict[str, Any] = {"validate": False} if accepts_validate(entry.cls) else {}
+        backend = backend_for(entry, self.scenario, **kwargs)
+        backend.bind_kv_caches(self.inputs.caches)
+        backend.prepare(self.inputs.step.metadata, graph_mode=True)
+        return backend
+
+    def check_output(self, output: object) -> tuple[str | None, Comparison | None]:
+        """``(problem, comparison)``: ``problem`` is ``None`` when it passes the oracle."""
+        query = self.inputs.queries[0]
+        if not isinstance(output, torch.Tensor):
+            return f"forward returned {type(output).__name__}, not a tensor", None
+        if output.shape != query.shape or output.dtype != query.dtype:
+            return (
+                f"forward returned {tuple(output.shape)} {output.dtype}, "
+                f"expected {tuple(query.shape)} {query.dtype}",
+                None,
+            )
+        (comparison,) = check_outputs(self.inputs, [output])
+        if comparison.passed:
+            return None, comparison
+        return f"vs float64 oracle: {comparison.describe()}", comparison
+
+    def write_problem(self) -> str | None:
+        """What the last run wrote wrong: a new token left unwritten, or a stray slot."""
+        (changed,) = changed_slots(self.inputs.caches, self.pristine_bits)
+        missing = sorted(self.expected_writes - changed)
+        stray = sorted(changed - self.expected_writes)
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} new tokens' slots not written (first: {missing[:4]})")
+        if stray:
+            parts.append(f"{len(stray)} slots outside slot_mapping written (first: {stray[:4]})")
+        return "; ".join(parts) or None
+
+    def real_rows(self) -> torch.Tensor:
+        return self.inputs.reference(0)[0].checked
+
+
+def _capture(backend: Any, args: tuple[torch.Tensor, ...], device: str) -> tuple[Any, Any]:
+    """Warm up on a side stream, then capture one ``forward``: ``(graph, static output)``."""
+    dev = torch.device(device)
+    previous = torch.cuda.current_stream(dev)
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(previous)
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP_CALLS):
+            backend.forward(*args, 0)
+    previous.wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            output = backend.forward(*args, 0)
+    finally:  # a failed capture may leave its stream current
+        torch.cuda.set_stream(previous)
+    torch.cuda.synchronize(dev)
+    return graph, output
+
+
+def _synchronize(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(torch.device(device))
+
+
+def check_shape(entry: BackendEntry, step: _Step) -> ShapeResult:
+    """Steps 1-3 of the module docstring for one backend on one prepared shape."""
+    result = ShapeResult(step.shape.name, PASS)
+    started = time.monotonic()
+    try:
+        _check_shape(entry, step, result)
+    except Exception as exc:  # the backend raised: that ends this shape, not the run
+        result.problems.append(_describe(exc))
+    finally:
+        step.restore()
+    if result.problems:
+        result.status = FAIL
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _check_shape(entry: BackendEntry, step: _Step, result: ShapeResult) -> None:
+    is_cuda = torch.device(step.device).type == "cuda"
+    args = step.forward_args()
+    step.restore()
+    try:
+        eager_backend = step.prepared(entry)
+    except Exception as exc:
+        result.problems.append(f"constructing or preparing (graph_mode=True): {_describe(exc)}")
+        return
+    try:
+        eager = eager_backend.forward(*args, 0)
+        _synchronize(step.device)
+    except Exception as exc:
+        result.problems.append(f"eager forward: {_describe(exc)}")
+        return
+    problem, comparison = step.check_output(eager)
+    if problem is not None:
+        result.problems.append(f"eager forward {problem}")
+    if comparison is None:  # not a tensor of the right shape: nothing to compare a replay with
+        return
+    result.eager = _oracle_json(comparison)
+    assert isinstance(eager, torch.Tensor)
+    eager = eager.clone()
+    wrote = step.write_problem()
+    if wrote is not None:
+        result.problems.append(f"eager forward: {wrote}")
+    eager_cache = snapshot(step.inputs.caches)
+
+    if is_cuda:  # (a) host synchronisation in a warmed-up forward
+        step.restore()
+        try:
+            with sync_debug_errors():
+                eager_backend.forward(*args, 0)
+            _synchronize(step.device)
+        except RuntimeError as exc:
+            text = str(exc)
+            if "synchroniz" in text.lower():
+                result.problems.append(
+                    f"host synchronisation in forward ({entry.name}), forbidden in graph mode: "
+                    f"{_describe(exc)}"
+                )
+            else:
+                result.problems.append(f"forward under sync debug mode: {_describe(exc)}")
+    del eager_backend
+
+    step.load("other")  # the warm-up and the capture see other values in the same buffers
+    try:  # (b) capture and replay; on the CPU a second instance's eager forward stands in
+        backend = step.prepared(entry)
+        if is_cuda:
+            graph, static = _capture(backend, args, step.device)
+            step.restore()  # this step's values; the warm-up calls' writes undone
+            if isinstance(static, torch.Tensor):
+                static.fill_(math.nan)  # what the replay does not write stays NaN
+            graph.replay()
+            _synchronize(step.device)
+            replayed = static
+        else:
+            backend.forward(*args, 0)
+            step.restore()
+            replayed = backend.forward(*args, 0)
+            result.notes.append(
+                "cpu: no capture; a second instance's eager forward (after one on other "
+                "values) stands in"
+            )
+    except Exception as exc:
+        what = "capture/replay" if is_cuda else "second eager forward"
+        result.problems.append(f"{what}: {_describe(exc)}")
+        return
+    problem, comparison = step.check_output(replayed)
+    if comparison is not None:
+        result.replay = _oracle_json(comparison)
+    if problem is not None:
+        result.problems.append(f"replay {problem}")
+    else:
+        assert isinstance(replayed, torch.Tensor)
+        rows = step.real_rows().to(replayed.device)
+        diff = (replayed[rows].float() - eager[rows].float()).abs().max()
+        result.replay_max_abs_diff = float(diff)
+        if not torch.equal(bits(replayed[rows]), bits(eager[rows])):
+            result.notes.append(f"replay not bit-identical to eager (max |diff| {float(diff):.3g})")
+    after = snapshot(step.inputs.caches)
+    same = all(
+        torch.equal(k, k0) and torch.equal(v, v0)
+        for (k, v), (k0, v0) in zip(after, eager_cache, strict=True)
+    )
+    if not same:
+        wrote = step.write_problem()
+        result.problems.append(
+            "cache after replay differs from eager's" + (f": {wrote}" if wrote else "")
+        )
+
+
+def _summary(results: list[ShapeResult]) -> str:
+    if any(r.problems for r in results):
+        return "; ".join(f"{r.shape}: {' | '.join(r.problems)}" for r in results if r.problems)
+    worst = max(
+        (r.replay["worst_ratio"] for r in results if r.replay is not None),
+        default=float("nan"),
+    )
+    identical = all(not any("bit-identical" in n for n in r.notes) for r in results)
+    cpu = any(n.startswith("cpu:") for r in results for n in r.notes)
+    parts = [f"{len(results)} shapes"]
+    if cpu:
+        parts.append("eager twice on cpu (no sync check, no capture)")
+    else:
+        parts.append("no host sync in forward")
+        parts.append("replay bit-identical to eager" if identical else "replay within bound")
+    parts.append(f"oracle worst {worst:.2f}x of bound")
+    parts.append("cache as eager's")
+    return ", ".join(parts)
+
+
+def check_backend(entry: BackendEntry, steps: Sequence[_Step]) -> BackendResult:
+    """Every shape for one backend; skipped where the step lies outside its claim."""
+    step0 = steps[0]
+    try:
+        reason = capabilities_of(entry.cls).unsupported_reason(
+            dtype=step0.scenario.dtype,
+            device=torch.device(step0.device).type,
+            page_size=step0.scenario.page_size,
+            head_dim=step0.scenario.head_dim,
+            seq_len=max(max(s.shape.context_lens) for s in steps),
+            graph_mode=True,
+        )
+    except TypeError as exc:  # a malformed capabilities() claim
+        return BackendResult(entry.name, FAIL, f"capabilities(): {_describe(exc)}")
+    if reason is not None:
+        return BackendResult(entry.name, SKIP, f"outside its claim: {reason}")
+    shapes = [check_shape(entry, step) for step in steps]
+    status = FAIL if any(s.status == FAIL for s in shapes) else PASS
+    return BackendResult(entry.name, status, _summary(shapes), shapes)
+
+
+def _context_alive(device: str) -> str | None:
+    """``None`` if the device still runs work; else why not (a sticky CUDA error)."""
+    if torch.device(device).type != "cuda":
+        return None
+    try:
+        probe = torch.ones(1, device=device)
+        probe.add_(1)
+        torch.cuda.synchronize(torch.device(device))
+    except Exception as exc:
+        return _describe(exc)
+    return None
+
+
+def resolve(names: Sequence[str]) -> tuple[list[BackendEntry], list[BackendResult]]:
+    """Registered names or specs -> entries; one that is unknown or fails to load is skipped."""
+    registry = default_registry()
+    entries: list[BackendEntry] = []
+    skipped: list[BackendResult] = []
+    for name in names or registry.names():
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                entries.append(registry.resolve(name))
+        except KeyError as exc:
+            skipped.append(BackendResult(name, SKIP, f"not registered: {exc.args[0]}"))
+        except Exception as exc:  # BackendLoadError, or an import that breaks
+            skipped.append(BackendResult(name, SKIP, f"cannot be loaded: {_describe(exc)}"))
+    return entries, skipped
+
+
+def run(
+    entries: Sequence[BackendEntry],
+    *,
+    device: str = "cuda",
+    dtype: torch.dtype = torch.bfloat16,
+    shapes: Sequence[GraphShape] = SHAPES,
+    echo: bool = True,
+    done: Callable[[list[BackendResult]], None] | None = None,
+) -> list[BackendResult]:
+    """Check every backend on every shape, printing one line per backend as it finishes.
+
+    ``done(results so far)`` runs after each backend, so a summary written
+    there survives a run stopped before the end.
+    """
+    steps = [_Step(shape, device, dtype) for shape in shapes]
+    results: list[BackendResult] = []
+    lost: str | None = None
+    for entry in entries:
+        if lost is not None:
+            result = BackendResult(entry.name, SKIP, f"not checked: {lost}")
+        else:
+            result = check_backend(entry, steps)
+            if result.status == FAIL:
+                broken = _context_alive(device)
+                if broken is not None:
+                    lost = f"the CUDA context failed after {entry.name}'s run ({broken})"
+        results.append(result)
+        if echo:
+            print(result.line(), flush=True)
+        if done is not None:
+            done(results)
+    return results
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write atomically, so a run cut short leaves the old file or none, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=2, allow_nan=True)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def summary_json(
+    results: Sequence[BackendResult],
+    *,
+    device: str,
+    dtype: torch.dtype,
+    exit_code: int,
+    shapes: Sequence[GraphShape] = SHAPES,
+) -> dict[str, Any]:
+    return {
+        "tool": "harness.gpu.graph_check",
+        "device": device,
+        "device_name": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "dtype": str(dtype).removeprefix("torch."),
+        "shapes": [
+            {
+                "name": s.name,
+                "context_lens": list(s.context_lens),
+                "query_lens": list(s.query_lens),
+                "pad_rows": s.pad_rows,
+                "pad_query_len": s.pad_query_len,
+                "heads": [s.num_heads, s.num_kv_heads],
+                "head_dim": s.head_dim,
+                "page_size": s.page_size,
+            }
+            for s in shapes
+        ],
+        "exit_code": exit_code,
+        "backends": [r.to_json() for r in results],
+    }
+
+
+def exit_code(results: Sequence[BackendResult]) -> int:
+    """0 when every backend checked passed and at least one was; else 1."""
+    if any(r.status == FAIL for r in results) or not any(r.status == PASS for r in results):
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.gpu.graph_check",
+        description="Check that backends' forward is free of host synchronisation and "
+        "replays right from a CUDA graph, on production-ish graph-mode steps.",
+    )
+    parser.add_argument(
+        "--backend",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="registered name or spec (repeatable; default: every registered backend)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cuda (default); cpu: eager-vs-oracle and cache checks only, no capture",
+    )
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="bfloat16")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write a JSON summary here")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(
+            "graph_check: error: no CUDA device is available (torch "
+            f"{torch.__version__}, built with CUDA {torch.version.cuda or 'no'}); "
+            "CUDA-graph capture needs one (--device cpu runs the eager checks only)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    if args.device == "cpu":  # Triton kernels on CPU tensors need its interpreter, chosen now
+        from harness.core.triton_mode import interpret_triton_here
+
+        interpret_triton_here()
+    dtype = DTYPES[args.dtype]
+    path = None if args.json is None else args.json.resolve()
+    entries, skipped = resolve(args.backend)
+    for result in skipped:
+        print(result.line(), flush=True)
+
+    def save(checked: list[BackendResult]) -> None:
+        if path is not None:
+            everything = skipped + checked
+            code = exit_code(everything)
+            write_json(
+                path, summary_json(everything, device=args.device, dtype=dtype, exit_code=code)
+            )
+
+    save([])
+    results = skipped + run(entries, device=args.device, dtype=dtype, done=save)
+    if not any(r.status in (PASS, FAIL) for r in results):
+        print("graph_check: nothing could be checked", flush=True)
+    return exit_code(results)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Reading a step's K/V back from the cache: what an FP8 backend stored, and whether it is right.
+
+With an FP8 KV cache the oracle must see the values the backend reads,
+which are the ones it stored; a backend may round ``k / k_scale`` in its
+own arithmetic (a product with ``1 / k_scale``, another precision), so the
+harness does not assume its own rounding. Instead every stored new value is
+checked to be within one FP8 spacing of the exact ``k / k_scale`` (round
+to nearest, with room for double rounding), and the oracle then reads the
+cache. A scale inverted or forgotten on the write fails here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from harness.core.batches import StepRow
+from harness.core.contract import LayerCache
+from harness.core.kv_pages import local_slots, read_tokens, take_rows
+from harness.core.variants import AttentionVariant, dequantize, fp8_ulp
+from harness.numerics.oracle import SequenceKV
+
+
+def stored_sequence(
+    cache: LayerCache, pages: Sequence[int], length: int, variant: AttentionVariant
+) -> SequenceKV:
+    """A sequence's ``length`` tokens as the backend reads them (dequantized, float32, for FP8)."""
+    key, value = read_tokens(cache, pages, length)
+    if variant.quantized:
+        key, value = dequantize(key, variant.k_scale), dequantize(value, variant.v_scale)
+    return SequenceKV(key, value)
+
+
+def stored_sequences(
+    cache: LayerCache,
+    rows: Sequence[StepRow],
+    sequences: Sequence[SequenceKV | None],
+    variant: AttentionVariant,
+) -> list[SequenceKV | None]:
+    """``sequences`` with each real row's K/V replaced by what the cache holds for it."""
+    return [
+        None if seq is None else stored_sequence(cache, row.pages, row.seq_len, variant)
+        for seq, row in zip(sequences, rows, strict=True)
+    ]
+
+
+def quantized_write_problem(
+    cache: LayerCache,
+    slots: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    variant: AttentionVariant,
+) -> str | None:
+    """Why the FP8 values stored at ``slots`` are not ``key / k_scale`` (and V) rounded; or None.
+
+    ``slots`` are global, ``-1`` for tokens that are not written.
+    """
+    assert variant.cache_dtype is not None
+    written = (slots != -1).nonzero().flatten()
+    if written.numel() == 0:
+        return None
+    rows = local_slots(cache, slots[written].to(torch.long)).to(cache.key.device)
+    for name, tensor, new, scale in (
+        ("key", cache.key_nhd, key, variant.k_scale),
+        ("value", cache.value_nhd, value, variant.v_scale),
+    ):
+        stored = take_rows(tensor, rows).cpu().double()
+        exact = new.detach().cpu().index_select(0, written.cpu()).double() / scale
+        spacing = fp8_ulp(exact, variant.cache_dtype)
+        off = (stored - exact).abs() > spacing
+        off |= ~torch.isfinite(stored)
+        if off.any():
+            token, head, dim = off.nonzero()[0].tolist()
+            return (
+                f"{variant.kv_cache_dtype} cache: stored {name} of token {int(written[token])} "
+                f"(head {head}, dim {dim}) is {float(stored[token, head, dim]):.6g}, but "
+                f"{name} / {name[0]}_scale = {float(exact[token, head, dim]):.6g} "
+                f"(scale {scale:g}); "
+                f"{int(off.sum())} values off by more than one FP8 step"
+            )
+    return None

@@ -1,0 +1,38 @@
+"""Watching cache memory: bit patterns before and after a call, and which slots changed.
+
+Bit patterns, not values, so NaN-poisoned memory compares equal to itself
+and a write of the same value through a wrong path still shows as unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.core.contract import LayerCache
+
+
+def bits(tensor: torch.Tensor) -> torch.Tensor:
+    """Bit patterns, so NaN canaries compare equal to themselves."""
+    as_int = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()]
+    return tensor.detach().view(as_int).cpu().clone()
+
+
+def snapshot(caches: list[LayerCache]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every layer's key and value bits, to compare with after a call."""
+    return [(bits(c.key_nhd), bits(c.value_nhd)) for c in caches]
+
+
+def changed_slots(
+    caches: list[LayerCache], before: list[tuple[torch.Tensor, torch.Tensor]]
+) -> list[set[int]]:
+    """Per layer, the global slots whose key or value bits differ from ``before``."""
+    changed = []
+    for cache, (key, value) in zip(caches, before, strict=True):
+        rows = set()
+        for now, old in ((cache.key_nhd, key), (cache.value_nhd, value)):
+            diff = (bits(now) != old).flatten(0, 1).flatten(1).any(-1)
+            rows |= {
+                r + cache.page_offset * cache.page_size for r in diff.nonzero().flatten().tolist()
+            }
+        changed.append(rows)
+    return changed

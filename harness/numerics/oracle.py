@@ -1,0 +1,273 @@
+"""The float64 oracle: ground truth for every numeric check.
+
+It computes attention from contiguous per-sequence K/V, on the CPU, in
+float64, from the exact tensors (in their dtype) the backend received, for
+the new query rows only (a decode step over 32k keys costs one row). It also
+returns the magnitudes the tolerance needs (see ``harness.numerics.tolerance``).
+
+GQA is computed by folding each KV head's query heads into one matrix
+(``[KV, group * q, D]``) instead of copying K and V out to every query head,
+so memory stays at the size of the sequence's own K/V.
+
+Variants (``harness.core.variants.AttentionVariant``) follow the contract's
+definitions, in this order: logits ``scale * q.k``; soft-cap
+``cap * tanh(logits / cap)``; ALiBi bias ``slope_h * (key_pos - query_pos)``;
+the mask (causal, and a sliding window: key positions ``> query_pos - W``);
+a sink's logit joins the softmax's denominator with no value. For an FP8
+cache the ``SequenceKV`` hold the dequantized values the backend reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from harness.core.variants import PLAIN, AttentionVariant
+
+
+@dataclass(frozen=True)
+class SequenceKV:
+    """All ``L`` cached tokens of one sequence, contiguous ``[L, num_kv_heads, head_dim]``."""
+
+    key: torch.Tensor
+    value: torch.Tensor
+
+    @property
+    def length(self) -> int:
+        return int(self.key.shape[0])
+
+
+@dataclass(frozen=True)
+class OracleOutput:
+    """Exact outputs ``[T, H, D]`` and, per (token, head), the error scales.
+
+    * ``value_scale``: the largest ``||v_j||`` the token attends to (its
+      output lies in their convex hull);
+    * ``logit_scale``: the largest ``scale * sum_i |q_i k_ji|``, the
+      condition number of its logits;
+    * ``rounding_scale``: ``sqrt(sum_j p_j^2 ||v_j||^2)``, the typical size
+      of the output error when every probability ``p_j`` is rounded on its
+      own (small when attention is spread over many keys, ``~||v||`` when it
+      falls on one);
+    * ``visible_keys``: how many keys the token attends to, the length of
+      the sums (P.V and the softmax's denominator) a kernel accumulates;
+    * ``checked`` marks tokens of real (non-padding) rows.
+    """
+
+    output: torch.Tensor
+    value_scale: torch.Tensor
+    logit_scale: torch.Tensor
+    rounding_scale: torch.Tensor
+    checked: torch.Tensor
+    lse: torch.Tensor | None = None  # [T, H]: ln of the softmax's denominator (sink included)
+    visible_keys: torch.Tensor | None = None  # [T, H] float64; None: counted as one key
+
+    @property
+    def output_norm(self) -> torch.Tensor:
+        """``||o_exact||`` per (token, head)."""
+        return self.output.norm(dim=-1)
+
+
+def visible_mask(
+    query_len: int, seq_len: int, causal: bool, window: int | None = None
+) -> torch.Tensor:
+    """``[q, L]`` mask: query j sits at position ``L - q + j`` (bottom-right causal).
+
+    A sliding window ``W`` hides keys at positions ``<= query_pos - W``.
+    """
+    positions = torch.arange(seq_len - query_len, seq_len).unsqueeze(1)
+    keys = torch.arange(seq_len).unsqueeze(0)
+    visible = keys <= positions if causal else torch.ones(query_len, seq_len, dtype=torch.bool)
+    if window is not None:
+        visible = visible & (keys > positions - window)
+    return visible
+
+
+def _per_row(values: tuple[float, ...], num_kv_heads: int, q_len: int) -> torch.Tensor:
+    """Per-query-head ``values`` laid out as the grouped rows: ``[KV, G * q, 1]`` float64."""
+    per_head = torch.tensor(values, dtype=torch.float64).reshape(num_kv_heads, -1, 1)
+    return per_head.expand(-1, -1, q_len).reshape(num_kv_heads, -1, 1)
+
+
+def _alibi_bias(row: _GroupedRow, slopes: tuple[float, ...]) -> torch.Tensor:
+    """``[KV, G*q, L]``: ``slope_h * (key_pos - query_pos)``."""
+    length = row.k.shape[1]
+    query_pos = torch.arange(length - row.q_len, length, dtype=torch.float64)
+    query_pos = query_pos.repeat(row.q.shape[1] // row.q_len)  # [G*q]
+    distance = torch.arange(length, dtype=torch.float64)[None, :] - query_pos[:, None]
+    return _per_row(slopes, row.k.shape[0], row.q_len) * distance
+
+
+def variant_logits(
+    row: _GroupedRow, scale: float, variant: AttentionVariant, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The masked logits ``[KV, G*q, L]`` in ``dtype`` and the sink column ``[KV, G*q, 1]``."""
+    logits = (row.q.to(dtype) @ row.k.to(dtype).transpose(1, 2)) * scale
+    cap = variant.logits_soft_cap
+    if cap is not None:
+        logits = cap * torch.tanh(logits / cap)
+    if variant.alibi_slopes is not None:
+        logits = logits + _alibi_bias(row, variant.alibi_slopes).to(dtype)
+    logits = logits.masked_fill(row.hidden, float("-inf"))
+    sinks = None
+    if variant.sinks is not None:
+        sinks = _per_row(variant.sinks, row.k.shape[0], row.q_len).to(dtype)
+    return logits, sinks
+
+
+def softmax_with_sink(
+    logits: torch.Tensor, sinks: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Probabilities over the keys and the log-sum-exp; a sink adds to the denominator only."""
+    if sinks is None:
+        return torch.softmax(logits, dim=-1), torch.logsumexp(logits, dim=-1)
+    extended = torch.cat([logits, sinks.expand(*logits.shape[:-1], 1)], dim=-1)
+    return torch.softmax(extended, dim=-1)[..., :-1], torch.logsumexp(extended, dim=-1)
+
+
+def _grouped_queries(query: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """``[q, H, D]`` -> ``[KV, group * q, D]``: query head h reads KV head ``h // group``."""
+    q_len, num_heads, head_dim = query.shape
+    group = num_heads // num_kv_heads
+    return query.reshape(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).flatten(1, 2)
+
+
+def _ungrouped(result: torch.Tensor, q_len: int) -> torch.Tensor:
+    """``[KV, group * q, ...]`` -> ``[q, H, ...]``, the inverse of ``_grouped_queries``."""
+    kv_heads, rows = result.shape[:2]
+    grouped = result.reshape(kv_heads, rows // q_len, q_len, *result.shape[2:])
+    return grouped.movedim(2, 0).flatten(1, 2)
+
+
+@dataclass(frozen=True)
+class _GroupedRow:
+    """One real row of a batch, laid out for GQA: its tokens, ``q [KV, G*q, D]``, ``k``/``v
+    [KV, L, D]`` and the ``[G*q, L]`` mask of keys each query may not see."""
+
+    tokens: slice
+    q_len: int
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    hidden: torch.Tensor
+
+
+def _grouped_rows(
+    query: torch.Tensor,
+    sequences: Sequence[SequenceKV | None],
+    query_lens: Sequence[int],
+    causal: bool,
+    dtype: torch.dtype,
+    window: int | None = None,
+) -> Iterator[_GroupedRow]:
+    """The real rows of a ragged batch on the CPU in ``dtype``; padding rows are skipped."""
+    start = 0
+    for seq, q_len in zip(sequences, query_lens, strict=True):
+        tokens = slice(start, start + q_len)
+        start += q_len
+        if seq is None or q_len == 0:
+            continue
+        k = seq.key.detach().to("cpu", dtype).transpose(0, 1)
+        v = seq.value.detach().to("cpu", dtype).transpose(0, 1)
+        q = _grouped_queries(query[tokens].detach().to("cpu", dtype), k.shape[0])
+        visible = visible_mask(q_len, seq.length, causal, window)
+        hidden = ~visible.repeat(q.shape[1] // q_len, 1)
+        yield _GroupedRow(tokens, q_len, q, k, v, hidden)
+    if start != query.shape[0]:
+        raise ValueError(f"query_lens sum to {start} but query has {query.shape[0]} tokens")
+
+
+def oracle_attention(
+    query: torch.Tensor,
+    sequences: Sequence[SequenceKV | None],
+    query_lens: Sequence[int],
+    *,
+    scale: float,
+    causal: bool = True,
+    variant: AttentionVariant = PLAIN,
+) -> OracleOutput:
+    """Exact attention for a ragged batch; ``None`` marks a padding row (not checked).
+
+    ``logit_scale`` also counts what a variant adds to a logit's size in fp32
+    (the soft-cap's ``cap``, the largest ALiBi bias, the sink's ``|s|``).
+    """
+    num_tokens, num_heads, head_dim = query.shape
+    out = torch.zeros(num_tokens, num_heads, head_dim, dtype=torch.float64)
+    value_scale = torch.zeros(num_tokens, num_heads, dtype=torch.float64)
+    logit_scale = torch.zeros(num_tokens, num_heads, dtype=torch.float64)
+    rounding_scale = torch.zeros(num_tokens, num_heads, dtype=torch.float64)
+    lse = torch.zeros(num_tokens, num_heads, dtype=torch.float64)
+    visible_keys = torch.zeros(num_tokens, num_heads, dtype=torch.float64)
+    checked = torch.zeros(num_tokens, dtype=torch.bool)
+    rows_of = _grouped_rows(
+        query, sequences, query_lens, causal, torch.float64, variant.sliding_window
+    )
+    for row in rows_of:
+        q, k, hidden, rows, q_len = row.q, row.k, row.hidden, row.tokens, row.q_len
+        logits, sinks = variant_logits(row, scale, variant, torch.float64)  # [KV, G*q, L]
+        probs, row_lse = softmax_with_sink(logits, sinks)
+        out[rows] = _ungrouped(probs @ row.v, q_len)
+        lse[rows] = _ungrouped(row_lse, q_len)
+        # a bound's magnitude, not a result: float32 is ample and three times cheaper
+        magnitude = (q.abs().float() @ k.abs().float().transpose(1, 2)).double() * abs(scale)
+        if variant.alibi_slopes is not None:
+            magnitude = magnitude + _alibi_bias(row, variant.alibi_slopes).abs()
+        largest = magnitude.masked_fill(hidden, 0).amax(-1) + (variant.logits_soft_cap or 0.0)
+        if sinks is not None:
+            largest = largest + sinks[..., 0].abs()
+        logit_scale[rows] = _ungrouped(largest, q_len)
+        norms = row.v.norm(dim=-1).unsqueeze(1)  # [KV, 1, L]
+        value_scale[rows] = _ungrouped(norms.masked_fill(hidden, 0).amax(-1), q_len)
+        rounding_scale[rows] = _ungrouped(
+            (probs.square() @ norms.square().mT).sqrt()[..., 0], q_len
+        )
+        visible_keys[rows] = _ungrouped((~hidden).sum(-1).double().expand(k.shape[0], -1), q_len)
+        checked[rows] = True
+    return OracleOutput(out, value_scale, logit_scale, rounding_scale, checked, lse, visible_keys)
+
+
+def naive_attention(
+    query: torch.Tensor,
+    sequences: Sequence[SequenceKV | None],
+    query_lens: Sequence[int],
+    *,
+    scale: float,
+    causal: bool = True,
+    variant: AttentionVariant = PLAIN,
+) -> torch.Tensor:
+    """Attention as a straightforward same-dtype implementation computes it.
+
+    Logits from the dtype's inputs accumulated and kept in fp32, a stable
+    fp32 softmax, probabilities rounded to the dtype, P.V with fp32
+    accumulation, the output rounded to the dtype. Its error against the
+    oracle is the yardstick of what the dtype's precision allows.
+    """
+    dtype = query.dtype
+    num_tokens, num_heads, head_dim = query.shape
+    out = torch.zeros(num_tokens, num_heads, head_dim, dtype=dtype)
+    for row in _grouped_rows(query, sequences, query_lens, causal, dtype, variant.sliding_window):
+        logits, sinks = variant_logits(row, scale, variant, torch.float32)
+        probs, _ = softmax_with_sink(logits, sinks)
+        result = probs.to(dtype).float() @ row.v.float()
+        out[row.tokens] = _ungrouped(result, row.q_len).to(dtype)
+    return out
+
+
+def references(
+    query: torch.Tensor,
+    sequences: Sequence[SequenceKV | None],
+    query_lens: Sequence[int],
+    *,
+    scale: float,
+    causal: bool = True,
+    variant: AttentionVariant = PLAIN,
+) -> tuple[OracleOutput, torch.Tensor]:
+    """The oracle and the naive same-dtype output: what ``tolerance.compare`` takes."""
+    options: dict[str, Any] = {"scale": scale, "causal": causal, "variant": variant}
+    return (
+        oracle_attention(query, sequences, query_lens, **options),
+        naive_attention(query, sequences, query_lens, **options),
+    )

@@ -1,0 +1,193 @@
+"""The layout is the architecture: one package per subsystem, dependencies pointing down.
+
+Reads every module under ``harness/`` with ``ast`` (imports inside functions
+count; imports under ``if TYPE_CHECKING:`` do not, since they never run) and
+fails on an import cycle between modules, an import from a lower layer into
+a higher one, a library module importing the CLI, or a top level that grows
+past its entry modules. ``docs/architecture.md`` draws the same layers.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "harness"
+
+LAYERS = {
+    "core": 0,
+    "numerics": 1,
+    "results": 1,
+    "conformance": 2,
+    "bench": 2,
+    "report": 3,
+    "gate": 3,
+    "dist": 3,
+    "gpu": 3,
+    "cli": 4,
+}
+"""Each subsystem's layer: a module may import its own package and lower layers only."""
+
+ENTRY_MODULES = {"__init__", "__main__", "backend_kit", "benchmark_json", "gpu_check"}
+"""Top-level modules: the public entry points (``harness.X``, ``python -m harness...``)."""
+
+MAX_LINES = 600
+OVERSIZED = {
+    "harness/conformance/properties.py",
+    "harness/conformance/strategies.py",
+    "harness/gpu/check.py",
+    "harness/gpu/graph_check.py",
+    "harness/bench/runner.py",
+    "harness/report/figures.py",
+}
+"""Modules still past ``MAX_LINES``, to be split; a module leaves this list when it shrinks."""
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking_block(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def runtime_imports(path: Path) -> set[str]:
+    """Every ``harness`` module this file imports at run time, at any depth."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if _type_checking_block(child):
+                for orelse in child.orelse:  # type: ignore[attr-defined]
+                    visit(orelse)
+                continue
+            if isinstance(child, ast.Import):
+                found.update(a.name for a in child.names if a.name.startswith("harness"))
+            elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
+                if child.module == "harness" or child.module.startswith("harness."):
+                    found.add(child.module)
+                    found.update(f"{child.module}.{a.name}" for a in child.names)
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        # ``from harness.x import name`` names a module only when that module exists
+        graph[name] = {m for m in runtime_imports(path) if m in modules and m != name}
+    return graph
+
+
+def subsystem(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else None
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                connect(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    return found
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``a -> b`` for every import from a lower (or sibling) layer into a higher or other one."""
+    wrong = []
+    for source, targets in sorted(graph.items()):
+        here = subsystem(source)
+        if here is None:  # a top-level entry module composes anything
+            continue
+        for target in sorted(targets):
+            there = subsystem(target)
+            if there is None:
+                if target != "harness":
+                    wrong.append(f"{source} -> {target} (a top-level entry module)")
+                continue
+            if there != here and LAYERS[there] >= LAYERS[here]:
+                wrong.append(f"{source} -> {target} (layer {LAYERS[here]} -> {LAYERS[there]})")
+    return wrong
+
+
+def test_no_import_cycle():
+    assert cycles(import_graph()) == []
+
+
+def test_dependencies_point_down_and_nothing_imports_the_cli():
+    assert upward_imports(import_graph()) == []
+
+
+def test_the_plugin_entry_point_is_above_the_library():
+    graph = import_graph()
+    plugin = runtime_imports(ROOT / "attn_harness_pytest.py")
+    assert all(subsystem(m) in (None, "core", "conformance", "numerics") for m in plugin)
+    assert not any("attn_harness_pytest" in m for targets in graph.values() for m in targets)
+    for path in PACKAGE.rglob("*.py"):
+        assert "from attn_harness_pytest import" not in path.read_text(), path
+
+
+def test_every_module_belongs_to_a_known_subsystem_or_is_an_entry_module():
+    top = {p.stem for p in PACKAGE.glob("*.py")}
+    assert top <= ENTRY_MODULES, top - ENTRY_MODULES
+    assert len(list(PACKAGE.glob("*"))) - 1 <= 12 + len(LAYERS)  # files + packages (+ pycache)
+    packages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert packages == set(LAYERS)
+
+
+@pytest.mark.parametrize(
+    "path", sorted(str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")), ids=str
+)
+def test_modules_stay_small(path):
+    lines = len((ROOT / path).read_text().splitlines())
+    if path in OVERSIZED:
+        assert lines > MAX_LINES, f"{path} is {lines} lines now: take it off OVERSIZED"
+    else:
+        assert lines <= MAX_LINES, f"{path}: {lines} lines (split it by concept)"
+
+
+def test_the_checks_see_a_planted_cycle_and_an_upward_import():
+    graph = {
+        "harness.core.a": {"harness.numerics.b"},
+        "harness.numerics.b": {"harness.core.a"},
+        "harness.bench.c": {"harness.cli.main"},
+    }
+    assert cycles(graph) == [["harness.core.a", "harness.numerics.b"]]
+    assert upward_imports(graph) == [
+        "harness.bench.c -> harness.cli.main (layer 2 -> 4)",
+        "harness.core.a -> harness.numerics.b (layer 0 -> 1)",
+    ]
