@@ -10,6 +10,7 @@ past its entry modules. ``docs/architecture.md`` draws the same layers.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,11 @@ def _type_checking_block(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
+def _from_harness(node: ast.ImportFrom) -> bool:
+    module = node.module or ""
+    return node.level == 0 and (module == "harness" or module.startswith("harness."))
+
+
 def runtime_imports(path: Path) -> set[str]:
     """Every ``harness`` module this file imports at run time, at any depth."""
     found: set[str] = set()
@@ -67,10 +73,9 @@ def runtime_imports(path: Path) -> set[str]:
                 continue
             if isinstance(child, ast.Import):
                 found.update(a.name for a in child.names if a.name.startswith("harness"))
-            elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
-                if child.module == "harness" or child.module.startswith("harness."):
-                    found.add(child.module)
-                    found.update(f"{child.module}.{a.name}" for a in child.names)
+            elif isinstance(child, ast.ImportFrom) and _from_harness(child):
+                found.add(str(child.module))
+                found.update(f"{child.module}.{a.name}" for a in child.names)
             visit(child)
 
     visit(ast.parse(path.read_text(), str(path)))
@@ -191,3 +196,22 @@ def test_the_checks_see_a_planted_cycle_and_an_upward_import():
         "harness.bench.c -> harness.cli.main (layer 2 -> 4)",
         "harness.core.a -> harness.numerics.b (layer 0 -> 1)",
     ]
+
+
+def test_the_architecture_page_lists_every_module_of_every_package():
+    """docs/architecture.md's table names each module in its package's row, and no other."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    rows = {
+        line.split("|")[1].strip().strip("`"): line.split("|")[3]
+        for line in page.splitlines()
+        if line.startswith("| `harness/")
+    }
+    assert set(rows) == {f"harness/{name}/" for name in LAYERS}
+    for package, cell in rows.items():
+        listed = set(re.findall(r"`([a-z_]+(?:\.json)?)`", cell))
+        actual = {
+            p.name if p.suffix == ".json" else p.stem
+            for p in (ROOT / package).iterdir()
+            if p.suffix in (".py", ".json") and not p.stem.startswith("__")
+        }
+        assert listed == actual, f"{package}: missing {actual - listed}, stale {listed - actual}"

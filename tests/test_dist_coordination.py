@@ -211,8 +211,24 @@ def test_the_run_moves_inside_a_narrow_claim_instead_of_refusing_it() -> None:
 
 
 def test_any_seed_draws_a_schedule() -> None:
+    """A huge seed still draws: batches inside the rank's pages, the same ones twice."""
     setup = DistSetup(dp_size=2, seed=10**12)
-    schedule = RankSchedule(setup, 1)
-    for step in range(4):
-        schedule.plan(step)
-        schedule.build(step, 1)
+    drawn = []
+    for _ in range(2):
+        schedule = RankSchedule(setup, 1)
+        steps = []
+        for step in range(4):
+            tokens = schedule.plan(step)
+            built = schedule.build(step, 1)
+            assert built.real_tokens == tokens >= 0
+            assert built.step is not None  # one padding row at least
+            assert len(built.queries) == setup.num_layers
+            assert built.queries[0].shape[0] == tokens + 1  # the padding row's one token
+            pages = built.step.metadata.block_table
+            owned = schedule.pool.rank_range(1)
+            assert all(p in owned for p in pages[pages >= 0].tolist())
+            steps.append((tokens, built.query_lens, built.queries[0].clone()))
+        drawn.append(steps)
+    for (t1, q1, x1), (t2, q2, x2) in zip(*drawn, strict=True):
+        assert (t1, q1) == (t2, q2)
+        assert torch.equal(x1, x2)

@@ -11,6 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.results.statistics import (
+    DEFAULT_RESAMPLES,
+    DEFAULT_SEED,
     Summary,
     bootstrap_median_ci,
     bootstrap_ratio_ci,
@@ -112,7 +114,11 @@ def test_median_ci_covers_the_true_median_about_95_percent_of_the_time():
 
 def test_bootstrap_is_deterministic_for_a_seed():
     data = [5, 9, 3, 12, 7, 8, 6, 30, 4, 5]
-    assert bootstrap_median_ci(data) == bootstrap_median_ci(data)
+    rng = np.random.default_rng(DEFAULT_SEED)  # the interval, recomputed by hand
+    resampled = np.asarray(data)[rng.integers(0, len(data), size=(DEFAULT_RESAMPLES, len(data)))]
+    low, high = np.percentile(np.median(resampled, axis=1), [2.5, 97.5])
+    expected = (min(low, np.median(data)), max(high, np.median(data)))
+    assert bootstrap_median_ci(data, confidence=0.95) == pytest.approx(expected)
     assert bootstrap_median_ci(data, seed=1) != bootstrap_median_ci(data, seed=2)
 
 
