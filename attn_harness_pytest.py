@@ -28,12 +28,10 @@ profile that promises coverage and a claimed value was never checked.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pkgutil
 import shlex
 import sys
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -42,6 +40,7 @@ import pytest
 
 from harness.conformance.plugin_names import PROFILE_NAMES as PROFILES
 from harness.conformance.plugin_names import backend_entry_of, cache_root
+from harness.core.atomic_file import write_json_atomically
 
 _STATE: dict[str, Any] = {
     "profile": "ci",
@@ -560,22 +559,6 @@ def _coverage_gaps() -> dict[str, list[Any]]:
     return gaps
 
 
-def _write_json(path: Path, data: Any) -> None:
-    """All or nothing: a half-written coverage file is never left behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=1)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # as an ordinary file; mkstemp makes it private
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _coverage_json_path(config: pytest.Config) -> Path | None:
     explicit = config.getoption("coverage_json")
     if explicit:
@@ -718,7 +701,7 @@ def _save_coverage(config: pytest.Config) -> None:
     }
     path = _coverage_json_path(config)
     if path is not None:
-        _write_json(path, data)
+        write_json_atomically(path, data)
     try:
         from _pytest.junitxml import xml_key  # what record_testsuite_property uses
     except ImportError:  # pragma: no cover - a future pytest without it

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
 from torch.nn.attention.bias import CausalBias
 
@@ -28,7 +30,6 @@ from harness.bench.runner import (
 from harness.bench.timing import TimingConfig
 from harness.bench.workloads import WORKLOADS, CaseSpec, Workload
 from harness.core.registry import BackendEntry, BackendRegistry
-from harness.results.statistics import bootstrap_ratio_ci, median
 from harness.results.store import load_results
 from reference_backends import ReferenceBackend, SdpaBackend
 from tests.fixtures import bench_backends as fx
@@ -55,6 +56,18 @@ def _isolated(monkeypatch):
     monkeypatch.setitem(WORKLOADS, "one", ONE)
     monkeypatch.setattr(registry, "entry_points", lambda *, group: [])
     monkeypatch.setattr(registry, "_DEFAULT", BackendRegistry())
+
+
+def ratio_ci_by_hand(top, bottom, confidence=0.95, resamples=2000, seed=0):
+    """The documented interval re-derived: both sample sets resampled on their own, one seed."""
+    rng = np.random.default_rng(seed)
+    top, bottom = np.asarray(top, dtype=float), np.asarray(bottom, dtype=float)
+    tops = np.median(top[rng.integers(0, top.size, size=(resamples, top.size))], axis=1)
+    bottoms = np.median(bottom[rng.integers(0, bottom.size, size=(resamples, bottom.size))], axis=1)
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(tops / bottoms, [tail, 100 - tail])
+    point = statistics.median(top) / statistics.median(bottom)
+    return [min(low, point), max(high, point)]
 
 
 def entry(cls: type, name: str | None = None) -> BackendEntry:
@@ -89,8 +102,14 @@ def test_builtins_pass_every_tiny_case_with_peer_metrics_and_raw_samples():
             assert len(c.prepare.samples_ns) >= 5
             # the ratio and its interval are recomputable from the raw samples recorded
             mine, peers = c.forward.samples_ns, record.case(c.peer).forward.samples_ns
-            assert c.metrics["ratio_to_peer"] == median(mine) / median(peers)
-            assert c.metrics["ratio_to_peer_ci"] == list(bootstrap_ratio_ci(mine, peers))
+            ratio = statistics.median(mine) / statistics.median(peers)
+            assert c.metrics["ratio_to_peer"] == pytest.approx(ratio, rel=1e-12)
+            low, high = c.metrics["ratio_to_peer_ci"]
+            assert low <= ratio <= high
+            # no resample's median ratio can lie outside the samples' extreme ratios
+            assert min(mine) / max(peers) <= low
+            assert high <= max(mine) / min(peers)
+            assert [low, high] == pytest.approx(ratio_ci_by_hand(mine, peers), rel=1e-12)
     assert record.timing["threads"] >= 1
     assert len(record.timing["overhead"]["samples_ns"]) == 50
     assert record.environment["threads"] == record.timing["threads"]
@@ -467,10 +486,15 @@ def test_an_alarm_handled_after_the_block_raises_nothing():
     """An alarm due just as the block ends is handled after it: it must not raise there."""
     import signal
 
+    before = signal.getsignal(signal.SIGALRM)
     with bench.deadline(60):
         handler = signal.getsignal(signal.SIGALRM)
-    assert callable(handler)
-    handler(signal.SIGALRM, None)  # as if it had been pending when the timer was cleared
+        with pytest.raises(bench.CaseTimeout, match="deadline of 60 s"):
+            handler(signal.SIGALRM, None)  # inside the block, the same handler interrupts
+    assert signal.getsignal(signal.SIGALRM) is before  # the previous handler is back
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # and the timer is cleared
+    # as if it had been pending when the timer was cleared: handled, and nothing raised
+    assert handler(signal.SIGALRM, None) is None
 
 
 def test_failing_backends_spend_none_of_the_timing_budget(monkeypatch):
@@ -601,7 +625,8 @@ def test_bench_cli_builds_its_parser_without_torch():
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == (
         "['harness', 'harness.bench', 'harness.bench.table', 'harness.cli', "
-        "'harness.cli.bench', 'harness.core', 'harness.core.text_table']"
+        "'harness.cli.bench', 'harness.core', 'harness.core.arg_types', "
+        "'harness.core.exit_codes', 'harness.core.text_table']"
     )
 
 

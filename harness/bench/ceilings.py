@@ -18,14 +18,11 @@ from typing import Any
 import torch
 
 from harness.bench.timing import TimingConfig, device_type, last_level_cache_bytes, measure
+from harness.core.dtypes import dtype_name
 
 PROBE_TIMING = TimingConfig(
     warmup=1, min_samples=5, max_samples=10, budget_s=1.0, target_rel_ci=0.02, cold_cache=False
 )
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from harness.bench.table import render
+from harness.core.arg_types import positive_float, positive_int
+from harness.core.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from harness.core.text_table import aligned
 
 # Only the standard library at import time: ``attn-harness --help`` builds this
@@ -29,7 +31,6 @@ if TYPE_CHECKING:
     from harness.bench.workloads import Workload
     from harness.core.registry import BackendEntry
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # harness.bench.workloads.DEFAULT_WORKLOADS and harness.bench.timing.TimingConfig's defaults,
 # spelled out so that the help needs no torch (a test keeps them equal)
 DEFAULT_WORKLOAD_NAMES = ("decode-sweep", "prefill-sweep", "extend", "mixed", "dp-scaling")
@@ -40,26 +41,6 @@ DEFAULT_TIMEOUT_S = 600.0
 
 class UsageError(Exception):
     """A bad command line, found before anything runs."""
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
 
 
 def add_bench_command(subparsers: Any) -> None:
@@ -116,14 +97,14 @@ def add_bench_command(subparsers: Any) -> None:
     )
     p.add_argument(
         "--threads",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="intra-op threads for every timing (default: torch's current count)",
     )
     p.add_argument(
         "--budget",
-        type=_positive_float,
+        type=positive_float,
         default=DEFAULT_BUDGET_S,
         metavar="SECONDS",
         help="wall-clock budget for timing each forward; sampling stops when it is spent "
@@ -131,7 +112,7 @@ def add_bench_command(subparsers: Any) -> None:
     )
     p.add_argument(
         "--min-samples",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_MIN_SAMPLES,
         metavar="N",
         help="timed forward calls taken before any stopping rule is checked; at least "
@@ -139,7 +120,7 @@ def add_bench_command(subparsers: Any) -> None:
     )
     p.add_argument(
         "--max-samples",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_MAX_SAMPLES,
         metavar="N",
         help="most timed forward calls per case and backend, even if the CI has not converged and "
@@ -147,7 +128,7 @@ def add_bench_command(subparsers: Any) -> None:
     )
     p.add_argument(
         "--target-ci",
-        type=_positive_float,
+        type=positive_float,
         default=DEFAULT_TARGET_CI,
         metavar="FRACTION",
         help="stop sampling once the median's 95%% CI is this narrow relative to the "
@@ -166,7 +147,7 @@ def add_bench_command(subparsers: Any) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=_positive_float,
+        type=positive_float,
         default=DEFAULT_TIMEOUT_S,
         metavar="SECONDS",
         help="deadline for each (case, backend) check and timing; past it the case is "

@@ -3,38 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from harness.core.arg_types import at_least, positive_float, positive_int
+from harness.core.atomic_file import write_json_atomically
+from harness.core.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from harness.dist.faults import Fault
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _at_least(low: int) -> Any:
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-
-    return parse
-
-
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
-    return value
 
 
 def add_dist_command(subparsers: Any) -> None:
@@ -50,14 +26,14 @@ def add_dist_command(subparsers: Any) -> None:
             "the run within --timeout. Exit 0 passed, 1 failed, 2 could not run as asked."
         ),
     )
-    p.add_argument("--dp-size", type=_positive, required=True, help="number of ranks")
+    p.add_argument("--dp-size", type=positive_int, required=True, help="number of ranks")
     p.add_argument(
         "--backend", required=True, help="registered name, module:Class or path.py:Class"
     )
-    p.add_argument("--steps", type=_positive, default=8, help="engine steps (default 8)")
+    p.add_argument("--steps", type=positive_int, default=8, help="engine steps (default 8)")
     p.add_argument(
         "--timeout",
-        type=_seconds,
+        type=positive_float,
         default=120.0,
         help="seconds without progress before the run is ended as hung (default 120)",
     )
@@ -157,8 +133,6 @@ def cmd_dist(args: argparse.Namespace) -> int:
 
 
 def _write_json(path: Path, outcome: Any) -> None:
-    from harness.core.atomic_file import write_atomically
-
     record = {
         "exit_code": outcome.exit_code,
         "message": outcome.message,
@@ -170,7 +144,7 @@ def _write_json(path: Path, outcome: Any) -> None:
         "hung": outcome.hung,
         "summary": outcome.summary,
     }
-    write_atomically(path, (json.dumps(record, indent=2) + "\n").encode())
+    write_json_atomically(path, record, indent=2)
 
 
 def _dp_sizes(text: str) -> list[int]:
@@ -204,13 +178,13 @@ def add_dist_bench_command(subparsers: Any) -> None:
         "--backend", required=True, help="registered name, module:Class or path.py:Class"
     )
     p.add_argument("--dp-sizes", type=_dp_sizes, default=_dp_sizes("1-8"), help="default 1-8")
-    p.add_argument("--sequences", type=_positive, default=16, help="global decode batch")
-    p.add_argument("--context", type=_positive, default=512, help="context length of each")
-    p.add_argument("--steps", type=_at_least(5), default=20, help="timed steps per dp size (>= 5)")
-    p.add_argument("--warmup", type=_at_least(0), default=3, help="untimed steps first")
+    p.add_argument("--sequences", type=positive_int, default=16, help="global decode batch")
+    p.add_argument("--context", type=positive_int, default=512, help="context length of each")
+    p.add_argument("--steps", type=at_least(5), default=20, help="timed steps per dp size (>= 5)")
+    p.add_argument("--warmup", type=at_least(0), default=3, help="untimed steps first")
     p.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     p.add_argument("--device", default="cpu")
-    p.add_argument("--timeout", type=_seconds, default=120.0)
+    p.add_argument("--timeout", type=positive_float, default=120.0)
     p.add_argument("--out", type=Path, required=True, help="results file to write")
     p.set_defaults(func=cmd_dist_bench)
 

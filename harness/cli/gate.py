@@ -8,20 +8,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.core.arg_types import fraction
+from harness.core.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from harness.core.text_table import aligned
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_BASELINE_ROOT = "reports"
-
-
-def _threshold(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0.0 < value < 10.0:
-        raise argparse.ArgumentTypeError(f"must be a fraction > 0 such as 0.05, got {text}")
-    return value
 
 
 def _rename(pairs: Sequence[str]) -> dict[str, str]:
@@ -69,7 +60,7 @@ def add_gate_command(subparsers: Any) -> None:
     )
     p.add_argument(
         "--threshold",
-        type=_threshold,
+        type=fraction,
         default=DEFAULT_THRESHOLD,
         help=f"relative slow-down that fails (default {DEFAULT_THRESHOLD})",
     )

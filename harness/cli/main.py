@@ -18,12 +18,11 @@ from harness.cli.dist import add_dist_bench_command, add_dist_command
 from harness.cli.gate import add_baseline_command, add_gate_command
 from harness.cli.report import add_report_command
 from harness.cli.run import add_run_command
+from harness.core.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from harness.core.text_table import aligned
 
 if TYPE_CHECKING:
     from harness.core.registry import BackendEntry
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def _any(value: object) -> str:
@@ -43,7 +42,7 @@ def _cell(value: object) -> str:
 
 
 def _describe(entry: BackendEntry) -> dict[str, object]:
-    from harness.conformance.check_matrix import dtype_name
+    from harness.core.dtypes import dtype_name
     from harness.core.registry import class_label
 
     caps = entry.capabilities

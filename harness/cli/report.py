@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-EXIT_OK, EXIT_USAGE = 0, 2
+from harness.core.exit_codes import EXIT_OK, EXIT_USAGE
 
 
 def add_report_command(subparsers: Any) -> None:

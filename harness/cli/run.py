@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+from harness.core.arg_types import at_least
+from harness.core.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+
 DEFAULT_OUT = "reports/run"
 
 
@@ -39,7 +41,7 @@ def add_run_command(subparsers: Any) -> None:
     )
     p.add_argument(
         "--workers",
-        type=int,
+        type=at_least(0),
         default=0,
         metavar="N",
         help="conformance processes at a time (default: the CPUs this process may use)",

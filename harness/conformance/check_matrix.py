@@ -18,6 +18,7 @@ import torch
 
 from harness.conformance.properties import bits
 from harness.core.contract import Capabilities
+from harness.core.dtypes import dtype_name
 from harness.core.errors import Unsupported
 from harness.core.kv_pages import PoolLayout, pages_needed
 from harness.core.registry import BackendEntry
@@ -209,7 +210,3 @@ def run_quick_check(entry: BackendEntry) -> list[CaseResult]:
             continue
         results.append(CaseResult(entry.name, case, status, detail))
     return results
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")

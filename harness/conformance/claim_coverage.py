@@ -24,6 +24,7 @@ import torch
 
 from harness.conformance.production_shapes import LARGE_DP_SIZES, CostLimit
 from harness.core.contract import Capabilities
+from harness.core.dtypes import dtype_name
 from harness.core.kv_pages import PoolLayout, pages_needed
 from harness.numerics.scenario import Scenario
 
@@ -138,7 +139,7 @@ def _heads(s: Scenario) -> str:
 def labels(s: Scenario) -> dict[str, str]:
     """The value of each dimension for one rank's step."""
     return {
-        "dtype": str(s.dtype).removeprefix("torch."),
+        "dtype": dtype_name(s.dtype),
         "dp_size": _bucket(s.dp_size, DP_BUCKETS),
         "rank": _rank_position(s),
         "layout": s.layout.value,
@@ -271,7 +272,7 @@ def requirements(
     offsets as far as the dtypes hold; a pool past 2^31 elements where
     ``large_pool`` says this machine can hold one.
     """
-    wanted = [_exactly("dtype", str(d).removeprefix("torch.")) for d in caps.dtypes]
+    wanted = [_exactly("dtype", dtype_name(d)) for d in caps.dtypes]
     dp_sizes = _reachable_dp_sizes(caps, dp_aware, max_dp_size)
     for low, high in DP_BUCKETS:
         if any(low <= d <= (high or d) for d in dp_sizes):
@@ -528,12 +529,12 @@ def claim_summary(caps: Capabilities, scenarios: Iterable[Scenario]) -> str:
     def claim(values: Any) -> str:
         if values is None:
             return "any"
-        return ", ".join(str(v).removeprefix("torch.") for v in values)
+        return ", ".join(dtype_name(v) for v in values)
 
     parts = []
     for s in scenarios:
         parts.append(
-            f"dtype {str(s.dtype).removeprefix('torch.')} (claims {claim(caps.dtypes)}), "
+            f"dtype {dtype_name(s.dtype)} (claims {claim(caps.dtypes)}), "
             f"device {s.device} (claims {claim(caps.devices)}), "
             f"page_size {s.page_size} (claims {claim(caps.page_sizes)}), "
             f"head_dim {s.head_dim} (claims {claim(caps.head_dims)}), "

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.conformance.plugin_names import PROFILE_NAMES
+from harness.core.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 _VERBOSE = ("-v", "-vv", "-vvv", "--verbose", "--full-trace", "-r", "--tb")
 _ISOLATED_ENV = ("PYTEST_ADDOPTS", "PYTEST_PLUGINS")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from harness.core.dtypes import dtype_name
+
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -41,7 +43,7 @@ def claim_problems(
     if not entry.accepts_dp and max(dp_sizes) > 1:
         problems.append("its constructor takes neither dp_size/dp_rank nor **kwargs")
     if dtype not in caps.dtypes:
-        problems.append(f"it does not claim {str(dtype).removeprefix('torch.')}")
+        problems.append(f"it does not claim {dtype_name(dtype)}")
     if kind not in caps.devices:
         problems.append(f"it does not claim device {kind!r}")
     for name, value in (("page_sizes", page_size), ("head_dims", head_dim)):

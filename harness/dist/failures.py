@@ -7,10 +7,9 @@ import sys
 import traceback
 from pathlib import Path
 
+from harness.core.exit_codes import EXIT_FAILED, EXIT_USAGE
 from harness.dist.coordination import DPMetadataError
 from harness.dist.progress import COLLECTIVE_PHASES, Heartbeat, Status, write_status
-
-EXIT_FAILED, EXIT_USAGE = 1, 2
 
 
 class GroupError(RuntimeError):

@@ -15,14 +15,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.core.atomic_file import write_json_atomically
+
 COLLECTIVE_PHASES = frozenset({"exchange", "gather", "verdict", "barrier", "init", "join"})
 """Phases in which a rank waits for the others: a stall there is not its own fault."""
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(data), encoding="utf-8")
-    os.replace(temporary, path)
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -61,7 +57,7 @@ class Heartbeat:
     def beat(self, step: int, phase: str) -> None:
         self.step, self.phase = step, phase
         if self.path is not None:
-            _write_json(self.path, asdict(Beat(self.rank, step, phase, os.getpid())))
+            write_json_atomically(self.path, asdict(Beat(self.rank, step, phase, os.getpid())))
 
 
 def read_beat(run_dir: Path, rank: int) -> Beat | None:
@@ -94,7 +90,7 @@ class Status:
 
 def write_status(run_dir: Path | None, status: Status) -> None:
     if run_dir is not None:
-        _write_json(run_dir / f"rank{status.rank}.status.json", asdict(status))
+        write_json_atomically(run_dir / f"rank{status.rank}.status.json", asdict(status))
 
 
 def read_status(run_dir: Path, rank: int) -> Status | None:
@@ -107,7 +103,7 @@ def read_status(run_dir: Path, rank: int) -> Status | None:
 
 def write_summary(run_dir: Path | None, summary: dict[str, Any]) -> None:
     if run_dir is not None:
-        _write_json(run_dir / "summary.json", summary)
+        write_json_atomically(run_dir / "summary.json", summary)
 
 
 def read_summary(run_dir: Path) -> dict[str, Any] | None:

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+from harness.core.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+
 WORKLOAD = "dist-dp-scaling"
 VERSION = 1
 
@@ -182,11 +183,11 @@ def sweep(
     from dataclasses import asdict
 
     from harness import __version__
-    from harness.bench.runner import case_metrics
     from harness.bench.ceilings import run_ceilings
+    from harness.bench.environment import fingerprint
+    from harness.bench.runner import case_metrics
     from harness.dist.launcher import launch
     from harness.dist.progress import read_json
-    from harness.bench.environment import fingerprint
     from harness.results.store import CaseRecord, RunRecord, TimingRecord
 
     ceilings = run_ceilings(device, dtypes=(load.spec(1).torch_dtype,), measure_probe=False)

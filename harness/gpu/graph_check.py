@@ -39,11 +39,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
-import os
 import sys
-import tempfile
 import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -54,7 +51,10 @@ from typing import Any
 import torch
 
 from harness.bench.runner import accepts_validate
+from harness.core.atomic_file import write_json_atomically
 from harness.core.contract import capabilities_of
+from harness.core.dtypes import dtype_name
+from harness.core.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from harness.core.kv_pages import pages_needed
 from harness.core.registry import BackendEntry, default_registry
 from harness.numerics.canary import bits, changed_slots, snapshot
@@ -67,7 +67,6 @@ from harness.numerics.scenario import (
 )
 from harness.numerics.tolerance import Comparison
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 WARMUP_CALLS = 2  # on the side stream before capture
@@ -519,17 +518,7 @@ def run(
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write atomically, so a run cut short leaves the old file or none, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=2, allow_nan=True)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_json_atomically(path, data, indent=2)
 
 
 def summary_json(
@@ -545,7 +534,7 @@ def summary_json(
         "device": device,
         "device_name": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
         "torch": torch.__version__,
-        "dtype": str(dtype).removeprefix("torch."),
+        "dtype": dtype_name(dtype),
         "shapes": [
             {
                 "name": s.name,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.core.dtypes import dtype_name
 from harness.core.kv_pages import pages_needed
 from harness.core.registry import default_registry
 from harness.numerics.oracle import SequenceKV
@@ -223,7 +224,7 @@ def table(
             for case, attention in (CORRECT | BUGS).items():
                 if applies(case, size):
                     ratio = worst_ratio(attention, inputs)
-                    results[(case, str(dtype).removeprefix("torch."), size.name)] = ratio
+                    results[(case, dtype_name(dtype), size.name)] = ratio
     return results
 
 

@@ -18,6 +18,7 @@ import torch
 
 from harness.core.batches import BatchBuilder, Step
 from harness.core.contract import AttentionBackend, LayerCache
+from harness.core.dtypes import dtype_name
 from harness.core.kv_pages import PagePool, PoolLayout, make_layer_caches, token_slots, write_tokens
 from harness.core.registry import BackendEntry, DPBackendConfig, instantiate_backend
 from harness.core.variants import PLAIN, AttentionVariant
@@ -111,7 +112,7 @@ class Scenario:
             extras.append(self.variant.describe())
         return (
             f"dp {self.dp_rank}/{self.dp_size} {self.layout.value}, "
-            f"{str(self.dtype).removeprefix('torch.')}, H={self.num_heads} "
+            f"{dtype_name(self.dtype)}, H={self.num_heads} "
             f"KV={self.num_kv_heads} D={self.head_dim} page={self.page_size} "
             f"pages={self.total_pages} layers={self.num_layers} scale="
             f"{self.softmax_scale:.4g} magnitude={self.magnitude}, rows (q/L) [{rows}]"

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.core.dtypes import dtype_name
 from harness.core.errors import Unsupported
 from harness.core.kv_pages import pages_needed
 from harness.core.registry import default_registry
@@ -247,7 +248,7 @@ def table(
     for case in cases:
         for dtype in dtypes:
             inputs = inputs_for(case, dtype, seed)
-            name = str(dtype).removeprefix("torch.")
+            name = dtype_name(dtype)
             runs = dict(CORRECT)
             runs |= {bug: run for bug, (run, applies) in BUGS.items() if applies(case.variant)}
             for label, attention in runs.items():

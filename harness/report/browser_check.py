@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from harness.core.arg_types import positive_float
+
 if TYPE_CHECKING:
     from playwright.sync_api import (
         Browser,
@@ -422,14 +424,6 @@ def summary(result: CheckResult) -> str:
     return "\n".join([head, *(f"  {problem}" for problem in result.problems)])
 
 
-def _positive_seconds(text: str) -> float:
-    """--timeout must be a positive number of seconds."""
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive seconds, not {text}")
-    return value
-
-
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line of `python -m harness.report.browser_check`."""
     parser = argparse.ArgumentParser(
@@ -445,7 +439,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--timeout",
-        type=_positive_seconds,
+        type=positive_float,
         default=60.0,
         help="seconds allowed for the page to load (default 60)",
     )

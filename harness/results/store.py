@@ -25,6 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.core.atomic_file import write_atomically
 from harness.results.statistics import DEFAULT_CONFIDENCE, Summary
 
 if TYPE_CHECKING:  # reading a results file (report, gate) needs no torch
@@ -320,19 +321,7 @@ def save_results(record: RunRecord, path: str | os.PathLike[str]) -> Path:
     """Write ``record`` to ``path`` atomically: the old file or the new one, never a part."""
     target = Path(path)
     text = dumps(record)  # everything that can fail on content fails before any write
-    folder = target.parent if str(target.parent) else Path(".")
-    descriptor, temporary = tempfile.mkstemp(dir=folder, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        # mkstemp makes the file private (0600); a results file is for sharing
-        os.chmod(temporary, target.stat().st_mode & 0o777 if target.exists() else 0o644)
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    write_atomically(target, text, durable=True)
     return target
 
 
