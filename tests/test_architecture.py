@@ -215,3 +215,30 @@ def test_the_architecture_page_lists_every_module_of_every_package():
             if p.suffix in (".py", ".json") and not p.stem.startswith("__")
         }
         assert listed == actual, f"{package}: missing {actual - listed}, stale {listed - actual}"
+
+
+def _module_level_mutables(path: Path) -> list[str]:
+    """Names bound at module level to a list, dict or set (display, comprehension or call)."""
+    mutable_calls = {"list", "dict", "set", "defaultdict", "OrderedDict", "Counter"}
+    found = []
+    for node in ast.parse(path.read_text()).body:
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        call = isinstance(value, ast.Call) and getattr(value.func, "id", "") in mutable_calls
+        displays = (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)
+        if isinstance(value, displays) or call:
+            found += [ast.unparse(t) for t in targets if ast.unparse(t) != "__all__"]
+    return found
+
+
+def test_the_plugin_keeps_no_module_level_mutable_state(tmp_path):
+    """A run's state lives in its config.stash (harness.conformance.session), not the module."""
+    assert _module_level_mutables(ROOT / "attn_harness_pytest.py") == []
+    probe = tmp_path / "probe.py"  # the detector finds what it is meant to find
+    probe.write_text("A = 1\n_STATE: dict[str, int] = {}\nB = [x for x in ()]\n__all__ = ['A']\n")
+    assert _module_level_mutables(probe) == ["_STATE", "B"]

@@ -8,7 +8,9 @@ import shlex
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -27,8 +29,17 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = "tests/fixtures/conform_backends.py"
 
 
-def conform(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run the CLI in a subprocess: the suite's modules read the profile at import."""
+@dataclass
+class Ran:
+    """What a command printed and returned, as ``subprocess.CompletedProcess`` has it."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def conform_subprocess(*args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI in a fresh interpreter: for what only a process boundary shows."""
     return subprocess.run(
         [sys.executable, "-m", "harness", "conform", *args],
         cwd=ROOT,
@@ -37,6 +48,20 @@ def conform(*args: str) -> subprocess.CompletedProcess[str]:
         timeout=600,
         check=False,
     )
+
+
+@pytest.fixture
+def conform(capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``attn-harness conform ARGS`` run in this process: each run reads its own options."""
+    monkeypatch.chdir(ROOT)
+
+    def run(*args: str) -> Ran:
+        capfd.readouterr()
+        code = main(["conform", *args])
+        out, err = capfd.readouterr()
+        return Ran(code, out, err)
+
+    return run
 
 
 def run_pytest(*args: str) -> subprocess.CompletedProcess[str]:
@@ -58,7 +83,7 @@ def run_pytest(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_builtin_passes_every_property():
+def test_builtin_passes_every_property(conform):
     result = conform("--backend", "sdpa", "--profile", "kill")
     assert result.returncode == EXIT_OK, result.stdout[-3000:]
     out = result.stdout
@@ -72,7 +97,7 @@ def test_builtin_passes_every_property():
     assert "[  " not in out
 
 
-def test_failing_backend_exits_1_with_scenario_error_and_a_replay_that_reruns_it():
+def test_failing_backend_exits_1_with_scenario_error_and_a_replay_that_reruns_it(conform):
     result = conform(
         "--backend",
         f"{FIXTURES}:OffByOneScale",
@@ -94,15 +119,14 @@ def test_failing_backend_exits_1_with_scenario_error_and_a_replay_that_reruns_it
     command = shlex.split(replay.split("replay:", 1)[1])
     assert command[:3] == [sys.executable, "-m", "harness"]
     assert "@" in command[command.index("--replay") + 1]
-    again = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False
-    )
+    assert command[3] == "conform"
+    again = conform(*command[4:])  # the printed command, run as printed (in this process)
     assert again.returncode == EXIT_FAILED
     assert "1 test" in again.stdout.splitlines()[0]  # exactly the failing test
     assert entry in again.stdout  # the same example fails the same way
 
 
-def test_replay_that_no_longer_fails_says_so():
+def test_replay_that_no_longer_fails_says_so(conform):
     failing = conform("--backend", f"{FIXTURES}:OffByOneScale", "--", "-k", "oracle and float32")
     replay = next(line for line in failing.stdout.splitlines() if "replay:" in line)
     token = shlex.split(replay.split("replay:", 1)[1])[-1]
@@ -112,7 +136,7 @@ def test_replay_that_no_longer_fails_says_so():
     assert "DidNotReproduce" in result.stdout
 
 
-def test_bad_replay_values_are_usage_errors():
+def test_bad_replay_values_are_usage_errors(conform):
     result = conform("--backend", "reference", "--replay", "test_nope[reference]")
     assert result.returncode == EXIT_USAGE
     assert "no conformance test named 'test_nope[reference]'" in result.stderr
@@ -123,7 +147,7 @@ def test_bad_replay_values_are_usage_errors():
     assert "--replay expects TEST@VERSION:BLOB" in result.stderr
 
 
-def test_constructor_raising_is_one_clear_line():
+def test_constructor_raising_is_one_clear_line(conform):
     result = conform("--backend", f"{FIXTURES}:ConstructorRaises")
     assert result.returncode == EXIT_FAILED
     assert "cannot be built with valid arguments" in result.stderr
@@ -131,7 +155,7 @@ def test_constructor_raising_is_one_clear_line():
     assert "Traceback" not in result.stderr + result.stdout
 
 
-def test_pytest_output_on_request():
+def test_pytest_output_on_request(conform):
     result = conform(
         "--backend", "reference", "-v", "--", "-k", "test_second_run", "--examples", "3"
     )
@@ -174,7 +198,7 @@ def test_isolated_from_the_callers_pytest_setup(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "conftest.py", "pyproject.toml"]
 
 
-def test_unknown_pytest_option_is_one_line_exit_2():
+def test_unknown_pytest_option_is_one_line_exit_2(conform):
     result = conform("--backend", "reference", "--", "--no-such-option")
     assert result.returncode == EXIT_USAGE
     assert result.stderr.strip().splitlines() == [
@@ -183,7 +207,7 @@ def test_unknown_pytest_option_is_one_line_exit_2():
     ]
 
 
-def test_interrupted_run_exits_130_and_writes_no_report(tmp_path):
+def test_interrupted_run_exits_130_and_writes_no_report(tmp_path, conform):
     junit = tmp_path / "out" / "conform.xml"
     junit.parent.mkdir()
     result = conform(
@@ -200,7 +224,7 @@ def test_interrupted_run_exits_130_and_writes_no_report(tmp_path):
     assert list(junit.parent.iterdir()) == []
 
 
-def test_a_junit_report_in_a_missing_folder_is_a_usage_error(tmp_path):
+def test_a_junit_report_in_a_missing_folder_is_a_usage_error(tmp_path, conform):
     result = conform("--backend", "reference", "--junitxml", str(tmp_path / "no" / "c.xml"))
     assert result.returncode == EXIT_USAGE
     assert "does not exist" in result.stderr
@@ -208,26 +232,26 @@ def test_a_junit_report_in_a_missing_folder_is_a_usage_error(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_backend_printing_to_stdout_does_not_break_the_report():
+def test_a_backend_printing_to_stdout_does_not_break_the_report(conform):
     result = conform("--backend", f"{FIXTURES}:PrintsToStdout", "--profile", "kill", "--")
     assert result.returncode == EXIT_OK, result.stdout[-2000:]
     assert "preparing a step" not in result.stdout
 
 
-def test_nothing_checkable_on_this_device_fails_and_says_so():
+def test_nothing_checkable_on_this_device_fails_and_says_so(conform):
     result = conform("--backend", f"{FIXTURES}:CudaOnly")
     assert result.returncode == EXIT_FAILED
     assert "nothing could be checked for backend" in result.stdout
 
 
-def test_an_empty_page_size_claim_checks_nothing_and_fails():
+def test_an_empty_page_size_claim_checks_nothing_and_fails(conform):
     result = conform("--backend", f"{FIXTURES}:ClaimsNoPageSize")
     assert result.returncode == EXIT_FAILED
     assert "nothing could be checked for backend" in result.stdout
     assert "passed (" not in result.stdout  # nothing drawn outside the claim
 
 
-def test_backend_refusing_everything_fails():
+def test_backend_refusing_everything_fails(conform):
     result = conform(
         "--backend",
         f"{FIXTURES}:RefusesEverything",
@@ -242,7 +266,7 @@ def test_backend_refusing_everything_fails():
     assert "claimed vs drawn: dtype " in result.stdout
 
 
-def test_examples_option_and_the_coverage_json_next_to_the_junit_report(tmp_path):
+def test_examples_option_and_the_coverage_json_next_to_the_junit_report(tmp_path, conform):
     junit = tmp_path / "conform.xml"
     result = conform(
         "--backend",
@@ -271,7 +295,7 @@ def test_examples_option_and_the_coverage_json_next_to_the_junit_report(tmp_path
     assert "coverage[reference].dtype" in names
 
 
-def test_narrow_claim_is_respected():
+def test_narrow_claim_is_respected(conform):
     result = conform("--backend", f"{FIXTURES}:Float32Only", "--profile", "kill", "--", "-q")
     assert result.returncode == EXIT_OK, result.stdout[-3000:]
 
@@ -361,13 +385,13 @@ def test_pytest_report_when_pytest_arguments_ask_for_it(extra, wanted):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
-def test_cuda_device_without_a_gpu_is_a_usage_error():
+def test_cuda_device_without_a_gpu_is_a_usage_error(conform):
     result = conform("--backend", "sdpa", "--device", "cuda")
     assert result.returncode == EXIT_USAGE
     assert "no CUDA device" in result.stderr
 
 
-def test_a_hang_on_a_production_shape_fails_within_the_example_time_limit():
+def test_a_hang_on_a_production_shape_fails_within_the_example_time_limit(conform):
     result = conform(
         "--backend",
         f"{FIXTURES}:HangsPastOneSplit",
@@ -386,7 +410,7 @@ def test_a_hang_on_a_production_shape_fails_within_the_example_time_limit():
     assert "scenario: dp " in out  # the shape that hung, in words
 
 
-def test_replay_of_a_production_failure_names_its_regime():
+def test_replay_of_a_production_failure_names_its_regime(conform):
     result = conform(
         "--backend",
         "suites.mutants.thresholds:GridCap64",

@@ -3,6 +3,7 @@ machine's programs, and the balance of the draws behind them."""
 
 from __future__ import annotations
 
+import pkgutil
 import statistics
 from collections import Counter
 from dataclasses import replace
@@ -12,7 +13,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import attn_harness_pytest as plugin
 from harness import Capabilities, PoolLayout
 from harness.conformance.claim_coverage import (
     CoverageLog,
@@ -22,6 +22,7 @@ from harness.conformance.claim_coverage import (
     requirements,
 )
 from harness.conformance.profiles import get_profile
+from harness.conformance.session import ConformanceOptions, ConformanceSession
 from harness.conformance.stateful import RULES, conformance_machine, run_machine
 from harness.conformance.strategies import CI_BUDGET, multi_rank_scenarios
 from harness.core.registry import default_registry
@@ -128,23 +129,34 @@ def test_gaps_are_named_in_the_table_and_the_json():
     assert data["dimensions"]["page_size"] == {"3": 1}
 
 
-def test_the_plugin_fails_a_complete_run_with_a_gap(monkeypatch):
+def test_the_plugin_fails_a_complete_run_with_a_gap():
     """Enforced only when every conformance module ran and nothing was deselected."""
+    import suites.conformance as package
+
     reference = default_registry().resolve("reference")
     log = CoverageLog()
     log.record("reference", "test_x", [BASE])
-    modules = {f"suites.conformance.{m}" for m in ("test_oracle", "test_canary")}
-    monkeypatch.setitem(plugin._STATE, "coverage", log)
-    monkeypatch.setitem(plugin._STATE, "entries", [reference])
-    monkeypatch.setitem(plugin._STATE, "profile", "ci")
-    monkeypatch.setitem(plugin._STATE, "deselected", False)
-    monkeypatch.setattr(plugin, "_whole_suite_ran", lambda name: True)
-    gaps = plugin._coverage_gaps()["reference"]
+    every = {
+        f"suites.conformance.{m.name}"
+        for m in pkgutil.iter_modules(package.__path__)
+        if m.name.startswith("test_")
+    }
+    run = ConformanceSession(ConformanceOptions(profile="ci"), entries=[reference], coverage=log)
+    run.modules["reference"] = set(every)
+    assert run.whole_suite_ran("reference")
+    gaps = run.coverage_gaps()["reference"]
     assert ("dtype", "bfloat16") in {(g.dimension, g.wanted) for g in gaps}
-    monkeypatch.undo()
-    monkeypatch.setitem(plugin._STATE, "modules", {"reference": modules})
-    monkeypatch.setitem(plugin._STATE, "deselected", False)
-    assert not plugin._whole_suite_ran("reference")  # a partial run reports, never fails
+    assert any("passed nothing for" in what for what, _ in run.problems())
+    partial = ConformanceSession(
+        ConformanceOptions(profile="ci"), entries=[reference], coverage=log
+    )
+    partial.modules["reference"] = {f"suites.conformance.{m}" for m in ("test_oracle",)}
+    assert not partial.whole_suite_ran("reference")  # a partial run reports, never fails
+    assert partial.coverage_gaps() == {}
+    deselected = ConformanceSession(ConformanceOptions(), entries=[reference], coverage=log)
+    deselected.modules["reference"] = set(every)
+    deselected.deselected = True
+    assert deselected.coverage_gaps() == {}
 
 
 def test_the_stateful_machine_runs_real_programs():

@@ -8,6 +8,11 @@
   check (``attn-harness check``) in every case.
 * Every ``attn-harness`` / ``python -m harness`` line of a shell block in docs/
   parses with the real command-line parser.
+* Every usage line quoted in a code block of README.md or docs/ (a command
+  followed by ``[...]`` options, continuation lines joined) names exactly the
+  options that the command's ``--help`` prints today, taken in-process from
+  ``harness.cli.main.build_parser`` (and ``harness.gpu.check.main`` for the GPU
+  script): none missing, none extra.
 * Every relative Markdown link in docs/*.md, README.md and reports/README.md
   names a file of the repository (and, into docs/, a heading that exists).
 * No doc in docs/ names DESIGN.md or a path outside the repository.
@@ -15,6 +20,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import itertools
@@ -135,6 +141,84 @@ def test_shell_commands_parse(doc: str, command: str) -> None:
         build_parser().parse_args(args)
     except SystemExit as exc:  # argparse's answer to a bad command line
         pytest.fail(f"{doc}: `{command}` does not parse (exit {exc.code})")
+
+
+USAGE_FILES = [ROOT / "README.md", *DOC_FILES]
+USAGE_START = re.compile(
+    r"(?:usage: )?(?:attn-harness|python3? -m harness(?:\.gpu)?"
+    r"|PYTHONPATH=\S+ python3? -m harness\.gpu) "
+)
+FLAG = re.compile(r"(?<![\w-])(--?[a-zA-Z][\w-]*)")
+
+
+def _usage_lines() -> list[tuple[str, str]]:
+    """Every usage line in a code block: a command followed by ``[...]``, continuations joined."""
+    lines = []
+    for path in USAGE_FILES:
+        for _, body in FENCE.findall(path.read_text()):
+            joined = re.sub(r"\n[ \t]+(?=[\[-])", " ", body)
+            for line in joined.splitlines():
+                line = line.split(" #", 1)[0].strip()
+                if USAGE_START.match(line) and "[" in line:
+                    lines.append((path.name, line.removeprefix("usage: ")))
+    return lines
+
+
+def _help_options(help_text: str) -> list[tuple[str, ...]]:
+    """The options ``--help`` prints, one tuple of aliases per option (``-h`` left out)."""
+    options = []
+    for line in help_text.splitlines():
+        if re.match(r"  -[^ ]", line):
+            aliases = tuple(FLAG.findall(re.split(r"\s{2,}", line.strip(), maxsplit=1)[0]))
+            if "--help" not in aliases:
+                options.append(aliases)
+    return options
+
+
+def _command_help(line: str) -> tuple[str, str, str]:
+    """The command a usage line shows, what its ``--help`` prints (captured in-process), and
+    the rest of the line."""
+    words = line.split()
+    if "harness.gpu" in words:
+        from harness.gpu.check import main as gpu_main
+
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed), pytest.raises(SystemExit):
+            gpu_main(["--help"])
+        rest = " ".join(words[words.index("harness.gpu") + 1 :])
+        return "python -m harness.gpu", printed.getvalue(), rest
+    from harness.cli.main import build_parser
+
+    at = 1 if words[0] == "attn-harness" else 3
+    name = words[at]
+    (subparsers,) = [
+        a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)
+    ]
+    assert name in subparsers.choices, f"`{line}`: no command {name!r}"
+    return f"attn-harness {name}", subparsers.choices[name].format_help(), " ".join(words[at + 1 :])
+
+
+def test_usage_lines_are_found() -> None:
+    commands = {_command_help(line)[0] for _, line in _usage_lines()}
+    assert {"attn-harness run", "attn-harness bench", "python -m harness.gpu"} <= commands
+    assert len(commands) >= 10, commands
+
+
+@pytest.mark.parametrize(
+    ("doc", "line"),
+    _usage_lines(),
+    ids=lambda v: v if v.endswith(".md") else " ".join(v.split()[:2]),
+)
+def test_usage_lines_name_exactly_the_options_of_the_help(doc: str, line: str) -> None:
+    command, help_text, rest = _command_help(line)
+    options = _help_options(help_text)
+    assert options, f"no options parsed from `{command} --help`"
+    known = {alias for aliases in options for alias in aliases}
+    shown = set(FLAG.findall(rest.split(" -- ", 1)[0]))
+    extra = sorted(shown - known)
+    assert not extra, f"{doc}: `{line}` shows {extra}, which `{command} --help` does not list"
+    missing = [aliases for aliases in options if not shown & set(aliases)]
+    assert not missing, f"{doc}: `{line}` lacks {missing}, which `{command} --help` lists"
 
 
 def _slug(heading: str) -> str:

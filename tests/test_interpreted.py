@@ -8,6 +8,7 @@ import attn_harness_pytest as plugin
 from harness.bench.runner import unsupported_reason
 from harness.bench.workloads import get_workload
 from harness.conformance.profiles import INTERPRETED_BUDGET, get_profile
+from harness.conformance.session import ConformanceOptions, ConformanceSession
 from harness.core.registry import BackendEntry
 from reference_backends import SdpaBackend, TritonBackend
 
@@ -26,17 +27,29 @@ def test_the_interpreted_profile_is_a_share_of_the_same_profile(name):
     assert lighter.settings.derandomize == profile.settings.derandomize
 
 
-def test_profile_for_sizes_only_the_backend_interpreted_on_the_device(monkeypatch):
-    monkeypatch.setitem(plugin._STATE, "profile", "ci")
-    monkeypatch.setitem(plugin._STATE, "profiles", {})
-    monkeypatch.setitem(plugin._STATE, "device", "cpu")
+def test_profile_for_sizes_only_the_backend_interpreted_on_the_device():
     triton = BackendEntry("triton", TritonBackend, "built-in")
     sdpa = BackendEntry("sdpa", SdpaBackend, "built-in")
-    assert plugin.profile_for(triton).settings.max_examples == 13
-    assert plugin.profile_for(sdpa).settings.max_examples == 100
-    monkeypatch.setitem(plugin._STATE, "device", "cuda")
-    monkeypatch.setitem(plugin._STATE, "profiles", {})
-    assert plugin.profile_for(triton).settings.max_examples == 100
+    on_cpu = ConformanceSession(ConformanceOptions(profile="ci", device="cpu"))
+    assert on_cpu.profile_for(triton).settings.max_examples == 13
+    assert on_cpu.profile_for(sdpa).settings.max_examples == 100
+    on_cuda = ConformanceSession(ConformanceOptions(profile="ci", device="cuda"))
+    assert on_cuda.profile_for(triton).settings.max_examples == 100
+
+
+def test_the_plugin_functions_read_the_active_session():
+    """What the suite calls reads the session of the run in progress, and only that."""
+    triton = BackendEntry("triton", TritonBackend, "built-in")
+    outer = ConformanceSession(ConformanceOptions(profile="ci", device="cpu"))
+    inner = ConformanceSession(ConformanceOptions(profile="thorough", device="cuda", examples=7))
+    with plugin.active(outer):
+        assert plugin.current_device() == "cpu"
+        assert plugin.profile_for(triton).settings.max_examples == 13
+        with plugin.active(inner):
+            assert plugin.current_device() == "cuda"
+            assert plugin.current_profile().name == "thorough"
+            assert plugin.current_profile().settings.max_examples == 7
+        assert plugin.current_profile().name == "ci"  # the outer run's, restored
 
 
 def test_bench_does_not_time_a_backend_where_it_runs_interpreted():

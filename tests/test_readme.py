@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import pathlib
 import re
 import subprocess
@@ -119,20 +120,43 @@ def test_readme_pytest_commands_use_only_options_pytest_and_the_plugin_have():
             assert flag in plugin, f"README: `{command}` uses {flag}, unknown to pytest + plugin"
 
 
+def _nox_sessions() -> list[str]:
+    """The sessions noxfile.py defines: functions decorated with ``@nox.session``, in order."""
+    tree = ast.parse((README.parent / "noxfile.py").read_text())
+    sessions = []
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        for decorator in node.decorator_list:
+            call = decorator if isinstance(decorator, ast.Call) else None
+            target = call.func if call else decorator
+            if ast.unparse(target) not in ("nox.session", "session"):
+                continue
+            named = [k.value for k in (call.keywords if call else []) if k.arg == "name"]
+            sessions.append(ast.literal_eval(named[0]) if named else node.name)
+    return sessions
+
+
 def test_readme_nox_sessions_exist():
-    noxfile = (README.parent / "noxfile.py").read_text()
-    sessions = set(re.findall(r"@nox\.session[^\n]*\ndef (\w+)", noxfile))
+    sessions = set(_nox_sessions())
     named = set(re.findall(r"nox -s (\w+)", README.read_text()))
+    for doc in sorted((README.parent / "docs").glob("*.md")):
+        named |= set(re.findall(r"nox -s (\w+)", doc.read_text()))
     assert named
     assert named <= sessions, named - sessions
 
 
-def test_every_option_of_every_command_but_bench_is_in_the_readme():
-    """The README's usage lines name every option (bench's are in its --help and docs)."""
+def test_readme_lists_exactly_the_nox_sessions():
+    """The README's ``nox sessions:`` list names every session of noxfile.py, in its order."""
+    sentence = README.read_text().split("nox sessions: ", 1)[1].split(";", 1)[0]
+    listed = re.findall(r"`(\w+)`", sentence)
+    assert listed == _nox_sessions(), (listed, _nox_sessions())
+
+
+def test_every_option_of_every_command_is_in_the_readme():
+    """The README's usage lines name every option (tests/test_docs.py checks each line)."""
     text = README.read_text()
     for name, sub in _subparsers().items():
-        if name == "bench":
-            continue
         for action in sub._actions:
             if action.help == argparse.SUPPRESS or "--help" in action.option_strings:
                 continue

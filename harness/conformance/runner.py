@@ -169,6 +169,27 @@ def isolated_environment(user_plugins: bool) -> Iterator[None]:
                 os.environ[key] = value
 
 
+@contextlib.contextmanager
+def fresh_suite_modules() -> Iterator[None]:
+    """The suite's modules imported anew for this run, and the caller's restored after it.
+
+    The suite's tests take their hypothesis settings from the run's profile
+    when their modules are imported; a second run in one process (a caller
+    that runs ``attn-harness conform`` twice, a test of this runner) must not
+    reuse modules made for the first run's options.
+    """
+    suite = ("suites.conformance", "suites.conformance.")
+    saved = {name: module for name, module in sys.modules.items() if name.startswith(suite)}
+    for name in saved:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        for name in [n for n in sys.modules if n.startswith(suite)]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
 def one_line(error: BaseException) -> str:
     """pytest's usage error (usage text, then ``prog: error: ...``) as its one telling line."""
     lines = str(error.args[0] if error.args else error).splitlines()
@@ -255,7 +276,7 @@ def run_conformance(
         coverage_json=coverage,
     )
     try:
-        with isolated_environment(user_plugins):
+        with isolated_environment(user_plugins), fresh_suite_modules():
             code = run_pytest(args)
     except KeyboardInterrupt:
         code = int(pytest.ExitCode.INTERRUPTED)

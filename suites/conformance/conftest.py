@@ -45,11 +45,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 keep_hypothesis_files_out_of_the_working_directory()
-PROFILE = current_profile()
-"""The ``--conformance-profile``: its settings decorate every test, its budget sizes draws."""
-DEVICE = current_device()
-if DEVICE == "cpu":  # Triton kernels run on CPU tensors only in its interpreter: choose it
-    interpret_triton_here()  # before any backend module (which may import triton) is loaded
+if current_device() == "cpu":  # Triton kernels run on CPU tensors only in its interpreter:
+    interpret_triton_here()  # choose it before any backend module (which may import triton)
 
 
 def _one_cpu_thread() -> None:
@@ -59,12 +56,18 @@ def _one_cpu_thread() -> None:
     a machine whose cores are busy they oversubscribe it, which can make a
     run several times slower.
     """
-    if DEVICE == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+    if current_device() == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
 
 
 _one_cpu_thread()
-conformance_settings = PROFILE.settings
+conformance_settings = current_profile().settings
+"""The run's profile's hypothesis settings, for the tests' decorators.
+
+Read when pytest imports the suite's modules, which it does inside the run,
+after the plugin has read the command line; everything else here asks the
+plugin when a test runs (``current_device()``, ``current_profile()``).
+"""
 
 
 @pytest.fixture(autouse=True)
@@ -74,8 +77,9 @@ def _inside_claim(request: pytest.FixtureRequest) -> None:
     if entry is None:
         return
     caps = entry.capabilities
-    if DEVICE not in caps.devices:
-        pytest.skip(f"{entry.name} does not claim device {DEVICE!r} (claims {caps.devices})")
+    device = current_device()
+    if device not in caps.devices:
+        pytest.skip(f"{entry.name} does not claim device {device!r} (claims {caps.devices})")
     if not caps.dtypes:
         pytest.skip(f"{entry.name} claims no dtype")
     if caps.page_sizes == () or caps.head_dims == ():  # an empty tuple claims none, unlike None
@@ -92,7 +96,7 @@ def draw_scenario(
         dp_aware=entry.accepts_dp,
         budget=profile_for(entry).budget,
         min_dp_size=min_dp_size,
-        device=DEVICE,
+        device=current_device(),
     )
     return data.draw(strategy, label="scenario")
 
@@ -103,7 +107,7 @@ def draw_production(data: st.DataObject, entry: BackendEntry, regime: str) -> Sc
         regime,
         dp_aware=entry.accepts_dp,
         budget=profile_for(entry).budget,
-        device=DEVICE,
+        device=current_device(),
     )
     return data.draw(strategy, label=f"{regime} scenario")
 
@@ -113,7 +117,7 @@ def draw_ranks(data: st.DataObject, entry: BackendEntry) -> list[Scenario]:
         entry.capabilities,
         dp_aware=entry.accepts_dp,
         budget=profile_for(entry).budget,
-        device=DEVICE,
+        device=current_device(),
     )
     return data.draw(strategy, label="ranks")
 
@@ -158,7 +162,7 @@ def check(prop: Callable[..., None], entry: BackendEntry, *args: Any) -> None:
     hypothesis keeps every distinct failure while it shrinks, and their
     frames hold the step's caches (hundreds of MB on a production shape).
     """
-    limit = PROFILE.example_time_limit_s
+    limit = current_profile().example_time_limit_s
     failure: BaseException | None = None
     args = (entry, *args)
     try:

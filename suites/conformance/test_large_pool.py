@@ -9,11 +9,11 @@ import pytest
 
 from harness.conformance.large_pool import large_pool_scenario, unavailable_reason
 from harness.conformance.properties import check_large_pool_step
-from suites.conformance.conftest import DEVICE, check
+from suites.conformance.conftest import check, current_device
 
 
 def test_pool_past_32bit_offsets(backend_entry) -> None:
-    scenario = large_pool_scenario(backend_entry.capabilities, DEVICE)
+    scenario = large_pool_scenario(backend_entry.capabilities, current_device())
     if scenario is None:
         pytest.skip(f"{backend_entry.name} claims no shape this test can use (FP8-only, short)")
     reason = unavailable_reason(scenario)

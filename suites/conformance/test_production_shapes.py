@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 
 from harness.conformance.production_shapes import REGIMES
 from harness.conformance.properties import check_matches_oracle, check_only_mapped_slots_change
-from suites.conformance.conftest import PROFILE, check, draw_production
+from suites.conformance.conftest import check, current_profile, draw_production
 
-production_settings = settings(PROFILE.settings, max_examples=PROFILE.production_examples)
+_PROFILE = current_profile()
+production_settings = settings(_PROFILE.settings, max_examples=_PROFILE.production_examples)
 
 
 @pytest.mark.parametrize("regime", REGIMES)

@@ -9,7 +9,7 @@ from hypothesis import settings
 
 from attn_harness_pytest import profile_for, record_examples, record_run, replayable
 from harness.conformance.stateful import conformance_machine, run_machine
-from suites.conformance.conftest import DEVICE
+from suites.conformance.conftest import current_device
 
 
 def test_stateful_steps(backend_entry) -> None:
@@ -17,7 +17,7 @@ def test_stateful_steps(backend_entry) -> None:
     machine = conformance_machine(
         backend_entry,
         profile.budget,
-        DEVICE,
+        current_device(),
         on_step=lambda scenario: record_examples(backend_entry.name, [scenario], example=False),
         on_run=lambda run: record_run(backend_entry.name, run),
     )

@@ -1,0 +1,380 @@
+"""One conformance run's options and what it has seen so far: the pytest plugin's state.
+
+The plugin (``attn_harness_pytest``) builds one :class:`ConformanceSession`
+per pytest run from that run's command line and keeps it in the run's
+``config.stash``; nothing is held at module level, so two runs in one
+process (``pytester``, ``attn-harness conform`` called in-process) each see
+their own options. This module is the plugin's implementation: which
+backends run, how each is sized, what coverage each reached, and the lines
+the run ends with. It raises ``ValueError`` for bad options; the plugin turns
+those into pytest usage errors.
+"""
+
+from __future__ import annotations
+
+import pkgutil
+import shlex
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from harness.conformance.plugin_names import PROFILE_NAMES
+
+
+@dataclass(frozen=True)
+class ConformanceOptions:
+    """What one run was asked for: the plugin's command-line options, checked."""
+
+    profile: str = "ci"
+    device: str = "cpu"
+    time_limit: float | None = None  # --example-time-limit, seconds
+    examples: int | None = None  # --examples: per property test, instead of the profile's
+    specs: tuple[str, ...] = ()  # --backend (empty: every registered backend on the device)
+    replay: str | None = None  # --replay TEST[@VERSION:BLOB]
+    cli: bool = False  # run by `attn-harness conform`: replay commands name that command
+
+    def __post_init__(self) -> None:
+        if self.profile not in PROFILE_NAMES:
+            raise ValueError(f"unknown profile {self.profile!r}; choose from {PROFILE_NAMES}")
+        if self.examples is not None and self.examples < 1:
+            raise ValueError(f"--examples must be >= 1, got {self.examples}")
+
+    @classmethod
+    def from_namespace(cls, options: Any) -> ConformanceOptions:
+        """From pytest's parsed options (``config.option`` or the early namespace)."""
+        return cls(
+            profile=options.conformance_profile,
+            device=options.conformance_device,
+            time_limit=options.example_time_limit,
+            examples=options.examples,
+            specs=tuple(getattr(options, "backend", None) or ()),
+            replay=getattr(options, "replay", None),
+            cli=bool(getattr(options, "conformance_cli", False)),
+        )
+
+
+def parse_replay(value: str | None) -> tuple[str, str | None, bytes | None] | None:
+    """``--replay``: ``(test, hypothesis version, blob)``, or the test's name alone."""
+    if not value:
+        return None
+    if "@" not in value:
+        return value, None, None
+    from harness.conformance.report import parse_replay as parse_token
+
+    return parse_token(value)
+
+
+@dataclass
+class ConformanceSession:
+    """One run: its options, the backends it checks, the coverage and verdicts so far."""
+
+    options: ConformanceOptions
+    entries: list[Any] | None = None  # resolved lazily (registering backends imports torch)
+    not_claiming: list[str] = field(default_factory=list)
+    coverage: Any = None  # CoverageLog, made at the first example counted
+    verdicts: Any = None  # report.Verdicts
+    reporter: Any = None  # the compact reporter, when the run uses it
+    current_test: str | None = None  # the conformance test running now (coverage counts it)
+    modules: dict[str, set[str]] = field(default_factory=dict)  # backend -> modules run
+    deselected: bool = False
+    replay: tuple[str, str | None, bytes | None] | None = None
+    _profiles: dict[bool, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from harness.conformance.report import Verdicts
+
+        self.replay = parse_replay(self.options.replay)
+        if self.verdicts is None:
+            self.verdicts = Verdicts()
+
+    # -- which backends, on which device, sized how -------------------------------------
+
+    @property
+    def device(self) -> str:
+        return self.options.device
+
+    def resolve_backends(self) -> None:
+        """Load every ``--backend`` now, so a bad spec is an error before collection."""
+        from harness.core.errors import BackendLoadError
+        from harness.core.registry import default_registry
+
+        entries = []
+        for spec in self.options.specs:
+            try:
+                entries.append(default_registry().resolve(spec))
+            except (BackendLoadError, KeyError) as exc:
+                message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+                raise ValueError(f"--backend {spec}: {message}") from exc
+        self.entries = entries if self.options.specs else None
+
+    def selected_entries(self) -> list[Any]:
+        """The ``--backend`` entries; without one, every registered backend on the device.
+
+        A registered backend that claims no such device here (a built-in whose
+        optional package is not installed) is left out of a default run and
+        named in the header, rather than failing it for checking nothing; asked
+        for by name, it runs and fails so.
+        """
+        if self.entries is None:
+            from harness.core.registry import default_registry, split_by_device
+
+            claiming, others = split_by_device(default_registry().entries(), self.device)
+            self.entries = claiming
+            self.not_claiming = [e.name for e in others]
+        return list(self.entries)
+
+    def profile(self) -> Any:
+        """The ``harness.conformance.profiles.Profile`` chosen, with the run's overrides."""
+        from harness.conformance.profiles import get_profile
+
+        profile = get_profile(self.options.profile)
+        if self.options.time_limit is not None:
+            profile = replace(profile, example_time_limit_s=self.options.time_limit)
+        if self.options.examples is not None:
+            profile = profile.with_examples(self.options.examples)
+        return profile
+
+    def default_examples(self) -> int:
+        """Examples per property test of the chosen profile, before ``--examples``."""
+        from harness.conformance.profiles import get_profile
+
+        return int(get_profile(self.options.profile).settings.max_examples)
+
+    def interpreted_here(self, entry: Any) -> bool:
+        """Whether ``entry`` runs interpreted on the chosen device (it says so in its claim)."""
+        return self.device in entry.capabilities.interpreted_devices
+
+    def profile_for(self, entry: Any) -> Any:
+        """The profile that sizes ``entry``'s draws: lighter where it runs interpreted."""
+        interpreted = self.interpreted_here(entry)
+        if interpreted not in self._profiles:
+            profile = self.profile()
+            self._profiles[interpreted] = profile.interpreted() if interpreted else profile
+        return self._profiles[interpreted]
+
+    def sizing_notes(self) -> list[str]:
+        """Header lines: backends left out of a default run, and how interpreted ones are sized."""
+        entries = self.selected_entries()  # fills not_claiming
+        notes = [
+            f"{name} not run: registered, but claims no {self.device!r} device here "
+            f"(attn-harness list --backend {name} shows its capabilities)"
+            for name in self.not_claiming
+        ]
+        for entry in entries:
+            if self.interpreted_here(entry):
+                profile = self.profile_for(entry)
+                notes.append(
+                    f"{entry.name} runs interpreted on {self.device}: profile {profile.name}, "
+                    f"{profile.settings.max_examples} examples per property "
+                    f"(of {self.profile().settings.max_examples}) on smaller shapes, "
+                    f"{profile.production_examples} per production regime; coverage is "
+                    "reported, not required"
+                )
+        return notes
+
+    # -- what ran ----------------------------------------------------------------------
+
+    def coverage_log(self) -> Any:
+        """The run's ``harness.conformance.claim_coverage.CoverageLog``."""
+        if self.coverage is None:
+            from harness.conformance.claim_coverage import CoverageLog
+
+            self.coverage = CoverageLog()
+        return self.coverage
+
+    def record_examples(self, backend: str, scenarios: list[Any], *, example: bool) -> None:
+        if self.current_test is None:
+            return  # outside a conformance test (the harness's unit tests call the checks)
+        self.coverage_log().record(backend, self.current_test, scenarios, example=example)
+        if example and self.reporter is not None:
+            self.reporter.example_held()
+
+    def record_run(self, backend: str, run: Any) -> None:
+        if self.current_test is None:
+            return
+        self.coverage_log().record_stateful(backend, self.current_test, run)
+        if self.reporter is not None:
+            self.reporter.example_held()
+
+    def record_outcome(self, backend: str, module: str | None, test: str, outcome: str) -> None:
+        if module is not None:
+            self.modules.setdefault(backend, set()).add(module)
+        self.verdicts.record(backend, test, outcome)
+
+    def replay_blob(self) -> tuple[str, bytes] | None:
+        """``(hypothesis version, blob)`` of the example ``--replay`` asks for, if any."""
+        if self.replay is None or self.replay[2] is None:
+            return None
+        return self.replay[1] or "", self.replay[2]
+
+    def replay_command(self, backend: str, token: str) -> str:
+        """The one command that reruns ``token``'s example, with the Python that ran this one."""
+        profile, device = self.options.profile, self.device
+        if self.options.cli:
+            launcher = (
+                ["attn-harness"]
+                if Path(sys.argv[0]).name == "attn-harness"
+                else [sys.executable, "-m", "harness"]
+            )
+            args = [*launcher, "conform", "--backend", backend, "--profile", profile]
+            args += [] if device == "cpu" else ["--device", device]
+        else:
+            args = [sys.executable, "-m", "pytest", "--pyargs", "suites.conformance"]
+            args += ["-p", "attn_harness_pytest", "--backend", backend]
+            args += ["--conformance-profile", profile]
+            args += [] if device == "cpu" else ["--conformance-device", device]
+        return shlex.join([*args, "--replay", token])
+
+    # -- coverage promised and reached -----------------------------------------------------
+
+    def requirements(self, entry: Any) -> list[Any]:
+        """What the profile promises to reach inside ``entry``'s claim (nothing if it does not)."""
+        from harness.conformance.claim_coverage import requirements
+        from harness.conformance.large_pool import large_pool_scenario, unavailable_reason
+
+        profile = self.profile_for(entry)
+        if not profile.enforces_coverage:
+            return []
+        budget = profile.budget
+        large = large_pool_scenario(entry.capabilities, self.device)
+        return requirements(
+            entry.capabilities,
+            dp_aware=entry.accepts_dp,
+            max_dp_size=budget.max_dp_size,
+            max_context=budget.max_context,
+            limit=budget.production,
+            large_pool=large is not None and unavailable_reason(large) is None,
+        )
+
+    def whole_suite_ran(self, name: str) -> bool:
+        """Every conformance module ran for this backend and nothing was deselected."""
+        import suites.conformance as package
+
+        expected = {
+            f"{package.__name__}.{m.name}"
+            for m in pkgutil.iter_modules(package.__path__)
+            if m.name.startswith("test_")
+        }
+        return not self.deselected and expected <= self.modules.get(name, set())
+
+    def wanted(self) -> dict[str, list[Any]]:
+        """Per backend whose whole suite ran: what the profile promises it reaches."""
+        if self.coverage is None:
+            return {}
+        entries = {e.name: e for e in self.selected_entries()}
+        return {
+            name: self.requirements(entries[name])
+            for name in self.coverage.backends
+            if name in entries and self.whole_suite_ran(name)
+        }
+
+    def coverage_gaps(self) -> dict[str, list[Any]]:
+        """Per backend whose whole suite ran: the promised values never checked."""
+        return {
+            name: self.coverage.backends[name].missing(wanted)
+            for name, wanted in self.wanted().items()
+        }
+
+    def coverage_json(self) -> dict[str, Any] | None:
+        """The tally as the ``.coverage.json`` file holds it; ``None`` when nothing ran."""
+        if self.coverage is None:
+            return None
+        return {
+            "profile": self.options.profile,
+            "examples_per_test": int(self.profile().settings.max_examples),
+            "backends": self.coverage.as_json(self.wanted()),
+        }
+
+    # -- the lines a run ends with -------------------------------------------------------
+
+    def coverage_lines(self, full: bool) -> list[str]:
+        """The coverage table of each backend (``full``), or one line each."""
+        log = self.coverage
+        if log is None:
+            return []
+        wanted_by_name = self.wanted()
+        entries = {e.name: e for e in self.selected_entries()}
+        lines = []
+        for name in sorted(log.backends):
+            wanted = wanted_by_name.get(name, [])
+            if full:
+                table = log.table(name, wanted)
+                lines += [""]
+                lines += [f"attn-harness {line}" if line[0] != " " else line for line in table]
+                continue
+            gaps = log.backends[name].missing(wanted)
+            if wanted:
+                promise = (
+                    f"{len(gaps)} promised value(s) never checked (below)"
+                    if gaps
+                    else "every promised value checked"
+                )
+            elif name not in wanted_by_name:
+                promise = "not required (part of the suite ran)"
+            else:
+                promise = f"not required by the {self.profile_for(entries[name]).name} profile"
+            cover = log.backends[name]
+            steps = sum(cover.totals()["dtype"].values())
+            held = f"{sum(cover.examples.values())} examples held, {steps} rank-steps"
+            lines.append(f"attn-harness coverage of {name!r}: {held}; {promise}")
+        examples = self.options.examples
+        if examples is not None and examples < self.default_examples():
+            lines.append(
+                f"attn-harness: --examples {examples}, fewer than the {self.options.profile} "
+                f"profile's {self.default_examples()}: coverage is reported, not required"
+            )
+        return lines
+
+    def problems(self) -> list[tuple[str, str]]:
+        """Why a run whose tests passed still fails, as (what, what it means)."""
+        problems = []
+        for name, gaps in sorted(self.coverage_gaps().items()):
+            if gaps:
+                problems.append(
+                    (
+                        f"backend {name!r} passed nothing for "
+                        + "; ".join(f"{g.dimension} {g.wanted}" for g in gaps),
+                        "the profile promises these inside its claim. Declare what the backend "
+                        "cannot do in capabilities(), or see which draws it refused.",
+                    )
+                )
+        for name in self.verdicts.nothing_checked():
+            problems.append(
+                (
+                    f"nothing could be checked for backend {name!r}",
+                    "every conformance test was skipped (outside its declared capabilities)",
+                )
+            )
+        return problems
+
+    def problem_lines(self) -> list[str]:
+        return [f"attn-harness: {what}: {meaning}" for what, meaning in self.problems()]
+
+    def verdict_lines(self) -> list[str]:
+        """The verdict table (backend x property) and one entry per failure."""
+        from harness.conformance.report import failure_lines, verdict_rows
+        from harness.core.text_table import aligned
+
+        if not self.verdicts.outcomes:
+            return []
+        examples = {name: cover.examples for name, cover in self.coverage_log().backends.items()}
+        lines = ["", *aligned(verdict_rows(self.verdicts, examples))]
+        if self.verdicts.failures:
+            lines.append("")
+        for failure in self.verdicts.failures:
+            lines += failure_lines(failure)
+        return lines
+
+    def compact_summary(self, seconds: float) -> list[str]:
+        """What ``attn-harness conform`` prints at the end (``--conformance-output compact``)."""
+        from harness.conformance.report import closing_line
+
+        problems = self.problems()
+        full = "coverage tables: -v; as JSON: --junitxml FILE, or -- --coverage-json FILE"
+        coverage = self.coverage_lines(full=False)
+        if self.coverage is not None:
+            coverage.append(f"  ({full})")
+        lines = [*self.verdict_lines(), "", *coverage]
+        lines += [f"attn-harness: {what}: {meaning}" for what, meaning in problems]
+        return [*lines, closing_line(self.verdicts, seconds, [what for what, _ in problems])]

@@ -1,0 +1,238 @@
+"""Figures the docs quote from a command are checked against the code that produces them.
+
+* docs/conformance.md's table of ``python -m harness.numerics.variant_discrimination``:
+  one row per case of the code, in its order; each correct computation's worst
+  ratio within 10% of the range the row gives (the figures differ between
+  AVX-512 and AVX2 machines, so a row may give both), each bug's least ratio
+  within 5% of its figure. The table is recomputed here (about 20 s on one
+  thread).
+* The coverage table of ``attn-harness conform --backend reference -v`` quoted in
+  README.md and docs/conformance.md: the same in both; its rows are
+  ``claim_coverage.DIMENSIONS`` in order (``reference`` claims every variant,
+  so every dimension has counts) and ``CoverageLog.table`` prints the quoted
+  counts exactly so; every row sums to the rank-steps; the test functions are
+  those of the suite that count examples; the stateful runs are the ``ci``
+  profile's; the counts reach every value ``ci`` promises for ``reference``;
+  the JUnit property quoted beside it is the table's dtype row.
+
+The counts themselves change with the code (hypothesis mixes the checkout's
+constants into its draws), so they are not recomputed.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.conformance.claim_coverage import (
+    DIMENSIONS,
+    BackendCoverage,
+    CoverageLog,
+    requirements,
+)
+from harness.conformance.profiles import get_profile
+from harness.core.registry import default_registry
+from harness.numerics import variant_discrimination
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFORMANCE = ROOT / "docs" / "conformance.md"
+README = ROOT / "README.md"
+
+CORRECT_SLACK = 0.10  # a correct figure: within 10% of the range the doc gives
+BUG_SLACK = 0.05  # a bug's figure: within 5% (it is given to 2-3 digits)
+
+
+# --- the variant discrimination table -------------------------------------------------
+
+
+def _variant_rows() -> list[tuple[str, list[float], dict[str, float]]]:
+    """(case, correct figures, {bug: figure}) for each row of the doc's table."""
+    text = CONFORMANCE.read_text()
+    start = text.index("| case | correct (FlashAttention-style")
+    rows = []
+    for line in text[start:].split("\n\n", 1)[0].splitlines()[2:]:
+        case, correct, bugs = (cell.strip() for cell in line.strip("|").split("|"))
+        figures = [float(f) for f in correct.split("/")]
+        named = dict(entry.rsplit(":", 1) for entry in bugs.split(";"))
+        rows.append((case, figures, {k.strip(): float(v) for k, v in named.items()}))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def variant_ratios() -> dict[tuple[str, str, str], float]:
+    """``variant_discrimination.table()`` on one thread: the same figures as on two, and
+    several times faster when other work shares a 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return variant_discrimination.table()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_variant_table_has_a_row_per_case_in_order():
+    cases = [c.name for c in variant_discrimination.CASES]
+    assert [case for case, _, _ in _variant_rows()] == cases
+
+
+def test_variant_table_figures_stay_on_the_right_side_of_the_bound():
+    for case, correct, bugs in _variant_rows():
+        assert max(correct) <= 0.25, f"{case}: a correct figure over a quarter of the bound"
+        assert min(bugs.values()) > 1.0, f"{case}: a bug's figure inside the bound"
+
+
+@pytest.mark.parametrize(
+    ("case", "correct", "bugs"), _variant_rows(), ids=[row[0] for row in _variant_rows()]
+)
+def test_variant_table_figures_match_the_command(variant_ratios, case, correct, bugs):
+    measured = {(label, dtype): r for (label, dtype, c), r in variant_ratios.items() if c == case}
+    table = variant_discrimination.format_table(variant_ratios)
+    worst = max(r for (label, _), r in measured.items() if label in variant_discrimination.CORRECT)
+    low, high = min(correct) / (1 + CORRECT_SLACK), max(correct) * (1 + CORRECT_SLACK)
+    assert low <= worst <= high, f"{case}: correct worst {worst:.3g}, doc {correct}\n{table}"
+    applied = {label for label, _ in measured if label in variant_discrimination.BUGS}
+    assert set(bugs) == applied, f"{case}: the doc names bugs {sorted(bugs)}, the code {applied}"
+    for bug, figure in bugs.items():
+        least = min(r for (label, _), r in measured.items() if label == bug)
+        assert abs(least - figure) <= BUG_SLACK * figure, f"{case}, {bug}: {least:.3g}\n{table}"
+
+
+# --- the coverage example ---------------------------------------------------------------
+
+HEADER = re.compile(
+    r"attn-harness coverage of '(?P<backend>[^']+)': (?P<examples>\d+) examples held in "
+    r"(?P<tests>\d+) test functions, (?P<steps>\d+) rank-steps \(counted below\)"
+)
+STATEFUL = re.compile(
+    r"(?P<runs>\d+) runs, forward steps per run median [\d.]+ \(p10 [\d.]+\); "
+    r"runs reaching: (?P<reached>[^;]+)(?:; skipped: .+)?"
+)
+
+
+def _coverage_example(path: Path) -> list[str]:
+    fenced = r"^```\w*\n(attn-harness coverage of .*?)^```"
+    blocks = re.findall(fenced, path.read_text(), re.MULTILINE | re.DOTALL)
+    assert len(blocks) == 1, f"{path.name}: {len(blocks)} coverage examples"
+    return blocks[0].rstrip("\n").splitlines()
+
+
+def _rows(lines: list[str]) -> dict[str, str]:
+    """Each row's dimension and its cells, as printed."""
+    rows = {}
+    for line in lines[1:]:
+        dimension, cells = line.strip().split(None, 1)
+        rows[dimension] = cells
+    return rows
+
+
+def _counts(cells: str) -> Counter[str]:
+    """``float32 1712  float16 1342`` as counts; labels may hold single spaces."""
+    counts: Counter[str] = Counter()
+    for cell in filter(None, cells.split("  ")):
+        label, n = cell.strip().rsplit(" ", 1)
+        counts[label] = int(n)
+    return counts
+
+
+def _counting_tests() -> list[str]:
+    """The suite's test functions that count examples: they call ``check`` or record them."""
+    counting = {"check", "record_examples", "record_run"}
+    names = []
+    for path in sorted((ROOT / "suites" / "conformance").glob("test_*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                calls = {
+                    n.func.id
+                    for n in ast.walk(node)
+                    if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                }
+                if calls & counting:
+                    names.append(node.name)
+    return names
+
+
+@pytest.fixture(scope="module")
+def example() -> list[str]:
+    return _coverage_example(CONFORMANCE)
+
+
+def test_readme_quotes_the_same_coverage_example(example):
+    assert _coverage_example(README) == example
+
+
+def test_coverage_example_has_every_dimension_in_the_codes_order(example):
+    assert HEADER.fullmatch(example[0]), example[0]
+    assert list(_rows(example)) == [*DIMENSIONS, "stateful"]
+
+
+def test_coverage_example_is_what_the_table_prints_for_its_counts(example):
+    header = HEADER.fullmatch(example[0])
+    assert header
+    examples, tests = int(header["examples"]), int(header["tests"])
+    rows = _rows(example)
+    per_test = {f"test_{i}": 1 for i in range(tests - 1)} | {"last": examples - tests + 1}
+    cover = BackendCoverage(
+        examples=Counter(per_test),
+        by_test={"all": {d: _counts(rows.get(d, "")) for d in DIMENSIONS}},
+    )
+    log = CoverageLog(backends={header["backend"]: cover})
+    printed = log.table(header["backend"])
+    assert ["attn-harness " + printed[0], *printed[1:]] == example[:-1]
+
+
+def test_coverage_example_rows_each_sum_to_the_rank_steps(example):
+    header = HEADER.fullmatch(example[0])
+    assert header
+    for dimension, cells in _rows(example).items():
+        if dimension != "stateful":
+            assert sum(_counts(cells).values()) == int(header["steps"]), dimension
+
+
+def test_coverage_example_counts_the_suites_test_functions(example):
+    header = HEADER.fullmatch(example[0])
+    assert header
+    assert int(header["tests"]) == len(_counting_tests()), _counting_tests()
+
+
+def test_coverage_example_stateful_runs_are_the_ci_profiles(example):
+    stateful = STATEFUL.fullmatch(_rows(example)["stateful"])
+    assert stateful, _rows(example)["stateful"]
+    runs = int(stateful["runs"])
+    assert runs == get_profile("ci").stateful_examples
+    for reached in stateful["reached"].split(", "):
+        n, of = reached.rsplit(" ", 1)[1].split("/")
+        assert int(of) == runs, reached
+        assert 0 < int(n) <= runs, reached
+
+
+def test_coverage_example_reaches_everything_ci_promises_for_reference(example):
+    header = HEADER.fullmatch(example[0])
+    assert header
+    assert header["backend"] == "reference"
+    entry = default_registry().entry("reference")
+    budget = get_profile("ci").budget
+    wanted = requirements(
+        entry.capabilities,
+        dp_aware=entry.accepts_dp,
+        max_dp_size=budget.max_dp_size,
+        max_context=budget.max_context,
+        limit=budget.production,
+        large_pool=True,  # the example's machine held a pool past 2^31 elements
+    )
+    rows = _rows(example)
+    cover = BackendCoverage(by_test={"all": {d: _counts(rows.get(d, "")) for d in DIMENSIONS}})
+    missing = [f"{r.dimension} {r.wanted}" for r in cover.missing(wanted)]
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("path", [README, CONFORMANCE], ids=lambda p: p.name)
+def test_junit_property_example_is_the_tables_dtype_row(path, example):
+    quoted = re.findall(r"`coverage\[reference\]\.dtype = ([^`]+)`", path.read_text())
+    assert quoted, f"{path.name} quotes no JUnit coverage property"
+    dtype = _counts(_rows(example)["dtype"])
+    assert set(quoted) == {"; ".join(f"{label}={n}" for label, n in dtype.items())}
