@@ -11,3 +11,24 @@ from harness.core.triton_mode import interpret_triton_here
 # The unit tests run on the CPU: Triton kernels (the triton backend) run in its
 # interpreter, which must be chosen before anything imports triton.
 interpret_triton_here()
+
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def variant_ratios() -> dict[tuple[str, str, str], float]:
+    """``harness.numerics.discrimination.variant_table()``, once per test process.
+
+    On one torch thread: the same figures as on two, and several times faster
+    when other work shares a 2-core machine.
+    """
+    from harness.numerics.discrimination import variant_table
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return variant_table()
+    finally:
+        torch.set_num_threads(threads)

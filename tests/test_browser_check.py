@@ -37,6 +37,10 @@ def _has_playwright() -> bool:
     return True
 
 
+needs_playwright = pytest.mark.skipif(
+    not _has_playwright(), reason='needs playwright (pip install ".[browser]")'
+)
+
 needs_browser = pytest.mark.skipif(
     find_chromium() is None or not _has_playwright(),
     reason="needs a Chromium (apt-get install chromium, or nox -s browser) and "
@@ -137,6 +141,7 @@ def test_missing_index_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "no report page at" in capsys.readouterr().err
 
 
+@needs_playwright  # without it the check stops first, at the missing playwright
 def test_no_chromium_exits_2_with_install_hint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -181,7 +186,7 @@ def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.skipif(not _has_playwright(), reason='needs playwright (pip install ".[browser]")')
+@needs_playwright
 def test_browser_that_will_not_start_exits_2(tmp_path: Path) -> None:
     write_page(tmp_path, GOOD_BODY)
     done = run_cli(str(tmp_path), ATTN_HARNESS_CHROMIUM="true")  # exits at once, no protocol

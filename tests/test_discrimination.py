@@ -1,5 +1,6 @@
 """The dtype bound discriminates at production sizes: correct computations pass with a
-wide margin, real bugs fail, in bf16, fp16 and fp32 (``python -m harness.numerics.discrimination``).
+wide margin, real bugs fail, in bf16, fp16 and fp32, for plain attention and with each
+attention variant on (``python -m harness.numerics.discrimination``).
 """
 
 from __future__ import annotations
@@ -9,7 +10,15 @@ import random
 import pytest
 import torch
 
-from harness.numerics.discrimination import BUGS, CORRECT, format_table, table
+from harness.numerics.discrimination import (
+    BUGS,
+    CORRECT,
+    VARIANT_BUGS,
+    VARIANT_CASES,
+    VARIANT_CORRECT,
+    format_table,
+    table,
+)
 from harness.numerics.scenario import Scenario, check_outputs, make_step_inputs
 
 
@@ -75,3 +84,32 @@ def test_correct_computations_stay_well_inside_the_bound_on_odd_shapes():
                 worst[name] = (ratio, inputs.scenario.describe())
     print("\n".join(f"{name}: {r:.3f} at {where}" for name, (r, where) in worst.items()))
     assert all(r <= 0.5 for r, _ in worst.values()), worst
+
+
+# -- with attention variants on (the variant_ratios fixture: tests/conftest.py) ----------
+
+
+def test_every_variant_case_and_bug_was_measured(variant_ratios):
+    assert {case for _, _, case in variant_ratios} == {c.name for c in VARIANT_CASES}
+    assert set(VARIANT_BUGS) <= {label for label, _, _ in variant_ratios}
+    assert {dtype for _, dtype, _ in variant_ratios} == {"bfloat16", "float16", "float32"}
+
+
+@pytest.mark.parametrize("computation", list(VARIANT_CORRECT))
+def test_correct_variant_computation_stays_under_a_quarter_of_the_bound(
+    variant_ratios, computation
+):
+    measured = [r for (c, _, _), r in variant_ratios.items() if c == computation]
+    assert measured
+    assert max(measured) <= 0.25, format_table(variant_ratios)
+
+
+@pytest.mark.parametrize("bug", list(VARIANT_BUGS))
+def test_each_variant_bug_fails_in_every_dtype(variant_ratios, bug):
+    measured = {(d, z): r for (c, d, z), r in variant_ratios.items() if c == bug}
+    assert measured
+    assert all(r > 1.0 for r in measured.values()), format_table(variant_ratios)
+
+
+def test_sdpa_is_not_run_on_what_it_does_not_claim(variant_ratios):
+    assert not any(c == "sdpa" and "soft-cap" in z for c, _, z in variant_ratios)

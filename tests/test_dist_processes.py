@@ -279,11 +279,39 @@ def test_bad_command_lines_are_refused_before_any_rank_starts(
 
 
 def test_any_seed_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, text = run_dist(
-        tmp_path, "--dp-size", "2", "--backend", "sdpa", "--steps", "3", "--seed", "100000",
+    """A seed whose derived tensor seeds pass 2**63 still runs, checks every step, and is used."""
+    from harness.dist.schedule import DistSetup, RankSchedule
+
+    seed = 100_000
+    code, record, text = run_dist(
+        tmp_path, "--dp-size", "2", "--backend", "sdpa", "--steps", "3", "--seed", str(seed),
         capsys=capsys,
     )  # fmt: skip
     assert code == 0, text
+    assert f"seed {seed}" in text
+    assert "PASSED: 2 ranks, 3 of 3 steps checked" in text
+    assert (record["exit_code"], record["message"], record["failed_rank"]) == (0, "passed", None)
+    summary = record["summary"]
+    assert summary["setup"]["seed"] == seed
+    assert summary["checked_steps"] == 3
+    # the ranks drew their requests from this seed, not another: the counts they exchanged
+    # are the ones its schedules give, replayed here (seed 0: [[0, 0], [16, 21], [32, 18]])
+    schedules = [RankSchedule(DistSetup(dp_size=2, steps=3, seed=seed), r) for r in range(2)]
+    expected = []
+    for step in range(3):
+        expected.append([schedule.plan(step) for schedule in schedules])
+        for schedule in schedules:
+            schedule.build(step, 0)  # consumes the step's tokens, as the rank's forward did
+    assert [s["counts"] for s in summary["steps"]] == expected
+    for step in summary["steps"]:
+        assert step["padded"] == max(step["counts"])  # no --graph: padded to the largest
+        assert [r["rank"] for r in step["ranks"]] == [0, 1]
+        for rank in step["ranks"]:
+            assert rank["tokens"] == step["counts"][rank["rank"]]
+            if rank["tokens"]:  # checked against the oracle and the shared pool, in bounds
+                assert 0 <= rank["oracle_ratio"] <= 1
+                assert 0 <= rank["shared_ratio"] <= 1
+    assert_no_process_left(record)
 
 
 def _workers_with(marker: str) -> list[int]:

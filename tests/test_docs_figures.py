@@ -1,6 +1,6 @@
 """Figures the docs quote from a command are checked against the code that produces them.
 
-* docs/conformance.md's table of ``python -m harness.numerics.variant_discrimination``:
+* docs/conformance.md's table of ``python -m harness.numerics.discrimination --variants``:
   one row per case of the code, in its order; each correct computation's worst
   ratio within 10% of the range the row gives (the figures differ between
   AVX-512 and AVX2 machines, so a row may give both), each bug's least ratio
@@ -27,7 +27,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import torch
 
 from harness.conformance.claim_coverage import (
     DIMENSIONS,
@@ -37,7 +36,7 @@ from harness.conformance.claim_coverage import (
 )
 from harness.conformance.profiles import get_profile
 from harness.core.registry import default_registry
-from harness.numerics import variant_discrimination
+from harness.numerics import discrimination
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFORMANCE = ROOT / "docs" / "conformance.md"
@@ -63,20 +62,8 @@ def _variant_rows() -> list[tuple[str, list[float], dict[str, float]]]:
     return rows
 
 
-@pytest.fixture(scope="module")
-def variant_ratios() -> dict[tuple[str, str, str], float]:
-    """``variant_discrimination.table()`` on one thread: the same figures as on two, and
-    several times faster when other work shares a 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return variant_discrimination.table()
-    finally:
-        torch.set_num_threads(threads)
-
-
 def test_variant_table_has_a_row_per_case_in_order():
-    cases = [c.name for c in variant_discrimination.CASES]
+    cases = [c.name for c in discrimination.VARIANT_CASES]
     assert [case for case, _, _ in _variant_rows()] == cases
 
 
@@ -91,11 +78,11 @@ def test_variant_table_figures_stay_on_the_right_side_of_the_bound():
 )
 def test_variant_table_figures_match_the_command(variant_ratios, case, correct, bugs):
     measured = {(label, dtype): r for (label, dtype, c), r in variant_ratios.items() if c == case}
-    table = variant_discrimination.format_table(variant_ratios)
-    worst = max(r for (label, _), r in measured.items() if label in variant_discrimination.CORRECT)
+    table = discrimination.format_table(variant_ratios)
+    worst = max(r for (label, _), r in measured.items() if label in discrimination.VARIANT_CORRECT)
     low, high = min(correct) / (1 + CORRECT_SLACK), max(correct) * (1 + CORRECT_SLACK)
     assert low <= worst <= high, f"{case}: correct worst {worst:.3g}, doc {correct}\n{table}"
-    applied = {label for label, _ in measured if label in variant_discrimination.BUGS}
+    applied = {label for label, _ in measured if label in discrimination.VARIANT_BUGS}
     assert set(bugs) == applied, f"{case}: the doc names bugs {sorted(bugs)}, the code {applied}"
     for bug, figure in bugs.items():
         least = min(r for (label, _), r in measured.items() if label == bug)

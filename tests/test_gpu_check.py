@@ -99,13 +99,64 @@ def test_steps_past_the_total_budget_are_skipped_not_started(tmp_path, capsys, m
     assert not list(tmp_path.glob("*.log"))
 
 
-def test_the_budget_fits_the_lease():
-    full, quick = gpu_check.FULL_LIMITS, gpu_check.QUICK_LIMITS
-    assert full.conformance + full.graph + full.bench <= gpu_check.FULL_TOTAL_S
-    assert quick.conformance + quick.graph + quick.bench <= gpu_check.QUICK_TOTAL_S
-    grace = gpu_check.INTERRUPT_GRACE_S
-    assert gpu_check.FULL_TOTAL_S + grace < 8 * 60
-    assert gpu_check.QUICK_TOTAL_S + grace < 4 * 60
+class _FakeClock:
+    """``time`` for the check's module: only the steps, run to their limits, move it."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self):
+        return self.now
+
+
+def _simulated_run(monkeypatch, tmp_path, argv, *, overrun):
+    """``main`` with every step running to its limit (``overrun``: and past it, to the kill).
+
+    Returns each started step's (name, limit, seconds into the run it started at) and the
+    simulated seconds the whole run took.
+    """
+    clock = _FakeClock()
+    begun = clock.now
+    started = []
+
+    def run_to_the_limit(name, command, out, timeout):
+        assert command  # the step's command was built for that limit
+        started.append((name, timeout, clock.now - begun))
+        took = timeout + (gpu_check.INTERRUPT_GRACE_S if overrun else 0.0)
+        clock.now += took
+        return StepResult(name, 124, took, timeout)
+
+    monkeypatch.setattr(gpu_check, "time", clock)
+    monkeypatch.setattr(gpu_check, "_run", run_to_the_limit)
+    assert main([str(tmp_path), "--device", "cpu", "--backend", "sdpa", *argv]) == 1
+    return started, clock.now - begun
+
+
+@pytest.mark.parametrize(
+    ("argv", "total_s", "lease_s", "limits"),
+    [
+        ([], gpu_check.FULL_TOTAL_S, 8 * 60, gpu_check.FULL_LIMITS),
+        (["--quick"], gpu_check.QUICK_TOTAL_S, 4 * 60, gpu_check.QUICK_LIMITS),
+    ],
+)
+def test_the_budget_fits_the_lease(tmp_path, capsys, monkeypatch, argv, total_s, lease_s, limits):
+    """Every step gets its whole limit when those before used theirs; when every step
+    ignores the interrupt until the kill, later steps get only what the total leaves,
+    and the run still ends inside the lease."""
+    names = ["conformance-sdpa", "graph-check", "bench"]
+    wanted = [limits.conformance, limits.graph, limits.bench]
+    started, _ = _simulated_run(monkeypatch, tmp_path, argv, overrun=False)
+    assert [(name, limit) for name, limit, _ in started] == list(zip(names, wanted, strict=True))
+    out = capsys.readouterr().out
+    assert "not run (out of time" not in out
+    assert f"bench (cpu): stopped at its {limits.bench:.0f} s limit" in out
+
+    started, took = _simulated_run(monkeypatch, tmp_path, argv, overrun=True)
+    assert [name for name, _, _ in started] == names  # late, but every step still started
+    for (_, limit, at), want in zip(started, wanted, strict=True):
+        assert limit == min(want, total_s - at - gpu_check.RESERVE_S)  # the summary's reserve
+    assert took < lease_s
+    capsys.readouterr()
 
 
 @pytest.mark.parametrize("parent_sigint", ["default", "ignored"])

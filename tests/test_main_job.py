@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from harness.bench.peer import PEER_NAME
+from harness.bench.workloads import get_workload
 from harness.cli.main import main
 from harness.cli.run_jobs import file_stem, probe_seconds, schedule
 from harness.core.registry import BackendEntry
+from harness.results.store import load_results
 from reference_backends.reference import ReferenceBackend
 
 MUTANT = "suites/mutants/backends.py:IgnoresPageOffset"
@@ -53,11 +56,60 @@ def test_the_main_job_writes_conformance_bench_and_report(
     )
     printed = capsys.readouterr().out
     assert code == 0, printed
-    suite = ET.parse(out / "conformance" / "reference.xml").getroot()
-    assert int(suite.find("testsuite").get("tests")) > 10  # type: ignore[union-attr]
-    assert (out / "bench.json").is_file()
-    assert (out / "report" / "index.html").is_file()
-    assert "conformance: reference: PASSED" in printed
+
+    # conformance: one JUnit report, every test of it for this backend, none failed
+    root = ET.parse(out / "conformance" / "reference.xml").getroot()
+    suite = root.find("testsuite")
+    assert suite is not None
+    cases = list(suite.iter("testcase"))
+    tests = int(suite.get("tests", "0"))
+    assert tests == len(cases) > 10
+    assert (suite.get("failures"), suite.get("errors")) == ("0", "0")
+    for case in cases:
+        assert "[reference" in case.get("name", ""), case.get("name")  # parametrised by it
+        assert [c.tag for c in case if c.tag in ("failure", "error")] == [], case.get("name")
+    verdict = f"conformance: reference: PASSED: every property held for reference ({tests} tests)"
+    assert verdict in printed
+
+    # bench: every decode-sweep case for the backend and its peer, checked and timed
+    record = load_results(out / "bench.json")
+    workload = get_workload("decode-sweep")
+    assert [w["name"] for w in record.workloads] == ["decode-sweep"]
+    names = [spec.name for spec in workload.cases("cpu")]
+    assert names
+    who = ("reference", PEER_NAME)
+    expected = {f"{workload.key}/{name}::{backend}" for name in names for backend in who}
+    assert {c.id for c in record.cases} == expected
+    for case in record.cases:
+        assert case.status == "PASSED", (case.id, case.error)
+        assert case.oracle is not None
+        assert case.oracle["passed"], case.id
+        assert case.forward is not None
+        assert case.forward.samples_ns
+        assert min(case.forward.samples_ns) > 0
+        assert case.metrics is not None
+        assert case.metrics["median_s"] > 0
+        assert case.metrics["tokens_per_s"] > 0
+        if case.role == "backend":
+            assert case.backend == "reference"
+            assert case.peer == f"{workload.key}/{case.case}::{PEER_NAME}"
+            assert case.metrics["ratio_to_peer"] > 0
+
+    # the report: built from both, each backend's conformance row and every case shown
+    page = (out / "report" / "index.html").read_text()
+    assert "profile kill" in page
+    skipped = int(suite.get("skipped", "0"))  # outside the backend's claim: unsupported
+    row = (
+        f'<td>reference</td><td class="num">{tests - skipped}</td><td class="num">0</td>'
+        f'<td class="num">{skipped}</td><td class="num">{tests}</td>'
+    )
+    assert row in page  # passed, failed, unsupported, tests
+    for name in names:
+        for backend in who:
+            assert f"<td>decode-sweep</td><td>{name}</td><td>{backend}</td><td>PASSED</td>" in page
+    for figure in ("time-vs-context", "ratio-to-peer", "conformance"):
+        assert f'id="figure-{figure}"' in page
+        assert (out / "report" / "figures" / f"{figure}.svg").is_file()
     assert f"report: {(out / 'report' / 'index.html').resolve()}" in printed
 
 

@@ -521,9 +521,29 @@ def test_file_spec_from_tmp_copy_relative_and_absolute(
     assert original.__module__ != absolute.__module__
 
 
-def test_loading_the_same_file_twice_returns_the_same_class() -> None:
-    spec = f"{FILE_BACKEND}:FileBackend"
-    assert load_backend_spec(spec) is load_backend_spec(spec)
+def test_loading_the_same_file_twice_returns_the_same_class(tmp_path: Path) -> None:
+    """The second load is the first one's class, from the module imported once, not re-run."""
+    imports = tmp_path / "imports.log"
+    backend = tmp_path / "counted_backend.py"
+    backend.write_text(
+        "from pathlib import Path\n"
+        "from reference_backends.reference import ReferenceBackend\n"
+        f"with Path({str(imports)!r}).open('a') as log:\n"
+        "    log.write('imported\\n')\n"
+        "class CountedBackend(ReferenceBackend):\n"
+        "    pass\n"
+    )
+    spec = f"{backend}:CountedBackend"
+    first = load_backend_spec(spec)
+    module = sys.modules[first.__module__]
+    second = load_backend_spec(spec)
+    assert second is first
+    assert first.__name__ == "CountedBackend"
+    assert issubclass(first, ReferenceBackend)
+    assert first.__module__.startswith(SPEC_MODULE_PREFIX)
+    assert module.__file__ == str(backend.resolve())
+    assert sys.modules[second.__module__] is module  # the module was not replaced
+    assert imports.read_text() == "imported\n"  # and its file ran once, at the first load
 
 
 def test_resolve_registers_spec_with_spec_origin() -> None:

@@ -8,6 +8,7 @@ import copy
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -15,6 +16,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 import pytest
 
 import harness.report as report
@@ -22,7 +24,6 @@ from harness.cli.report import add_report_command, main
 from harness.report import ReportError, build_report
 from harness.report.figures import FIGURE_NAMES
 from harness.report.stats import run_stats
-from harness.results.statistics import bootstrap_ratio_ci, median
 from harness.results.store import load_results
 
 DATA = Path(__file__).parent / "data" / "report"
@@ -30,6 +31,18 @@ BENCH = DATA / "bench.json"
 HOSTILE = "<script>alert(1)</script>"
 QUOTES = "\"&'"
 MATH = "$\\nocommand{$ | `tick` \n next"  # mathtext that cannot parse, table and code breakers
+
+
+def ratio_ci_by_hand(top, bottom, confidence=0.95, resamples=2000, seed=0) -> list[float]:
+    """The documented interval re-derived: both sample sets resampled on their own, one seed."""
+    rng = np.random.default_rng(seed)
+    top, bottom = np.asarray(top, dtype=float), np.asarray(bottom, dtype=float)
+    tops = np.median(top[rng.integers(0, top.size, size=(resamples, top.size))], axis=1)
+    bottoms = np.median(bottom[rng.integers(0, bottom.size, size=(resamples, bottom.size))], axis=1)
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(tops / bottoms, [tail, 100 - tail])
+    point = statistics.median(top) / statistics.median(bottom)
+    return [min(float(low), point), max(float(high), point)]
 
 
 def bench_data() -> dict:
@@ -262,9 +275,16 @@ def test_statistics_come_from_samples_not_stored_summaries(tmp_path):
     [stats] = [s for s in run_stats(record) if s.case.id == backend["id"]]
     mine = backend["forward"]["samples_ns"]
     peer = next(c for c in data["cases"] if c["id"] == backend["peer"])["forward"]["samples_ns"]
-    assert stats.ratio_peer == pytest.approx(median(mine) / median(peer))
-    assert stats.ratio_peer_ci == pytest.approx(bootstrap_ratio_ci(mine, peer))
-    assert stats.median_s == pytest.approx(median(mine) / 1e9)
+    # by hand: the mean of the 4th and 5th of the 8 sorted samples
+    assert statistics.median(mine) == (4767610 + 4885565) / 2 == 4826587.5
+    assert statistics.median(peer) == (3816872 + 3900276) / 2 == 3858574
+    assert stats.ratio_peer == pytest.approx(4826587.5 / 3858574, rel=1e-12)  # 1.2509
+    assert stats.median_s == pytest.approx(4826587.5e-9, rel=1e-12)
+    low, high = stats.ratio_peer_ci
+    assert low <= stats.ratio_peer <= high
+    assert min(mine) / max(peer) <= low  # no resample's ratio lies beyond the extremes
+    assert high <= max(mine) / min(peer)
+    assert [low, high] == pytest.approx(ratio_ci_by_hand(mine, peer), rel=1e-12)
     out = tmp_path / "report"
     build_report([path], out)
     for text in ((out / "index.html").read_text(), (out / "summary.md").read_text()):

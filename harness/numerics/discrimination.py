@@ -1,28 +1,39 @@
 """Evidence that the dtype bound discriminates: correct computations pass, real bugs fail.
 
-At production sizes (H=32, KV=8, D=128, contexts of 1k-4k) in bf16, fp16
-and fp32, each case below is compared with the float64 oracle under
-``harness.numerics.tolerance``'s bound, and the worst ratio (error / bound; above 1
-fails) is tabled. Correct computations: a FlashAttention-style kernel
-emulated on the CPU (fp32 logits, online softmax over 64-key blocks, 256-key
-splits merged by log-sum-exp, probabilities rounded to the dtype before
-P.V) and the built-in backends. Bugs: an all-zeros output, uniform
-attention, GQA head ``h % KV``, scale x1.1, one skipped page, one dropped
-key, a causal mask off by one.
+Two tables, one builder. At production sizes (H=32, KV=8, D=128, contexts of
+1k-4k) in bf16, fp16 and fp32, each case is compared with the float64 oracle
+under ``harness.numerics.tolerance``'s bound, and the worst ratio (error /
+bound; above 1 fails) is tabled.
 
-    python -m harness.numerics.discrimination            # prints the table (20-30 s on 2 cores)
+* Plain attention (``SIZES``): correct computations are a FlashAttention-style
+  kernel emulated on the CPU (fp32 logits, online softmax over 64-key blocks,
+  256-key splits merged by log-sum-exp, probabilities rounded to the dtype
+  before P.V) and the built-in backends; the bugs are an all-zeros output,
+  uniform attention, GQA head ``h % KV``, scale x1.1, one skipped page, one
+  dropped key, a causal mask off by one.
+* Attention variants (``VARIANT_CASES``: Mistral's window, Gemma-2's soft-cap,
+  gpt-oss's sinks, ALiBi, FP8 caches): the same emulated kernel with the
+  variant, the built-ins that claim it, and one planted bug each (the window
+  off by one, the cap applied before scaling, sinks ignored, ALiBi's sign
+  flipped, FP8 scales inverted).
+
+    python -m harness.numerics.discrimination             # both tables (about 1.5 min)
+    python -m harness.numerics.discrimination --variants  # the variant table only
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import argparse
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from harness.core.dtypes import dtype_name
+from harness.core.errors import Unsupported
 from harness.core.kv_pages import pages_needed
 from harness.core.registry import default_registry
+from harness.core.variants import AttentionVariant, alibi_slopes_for
 from harness.numerics.oracle import SequenceKV
 from harness.numerics.scenario import (
     Scenario,
@@ -30,12 +41,19 @@ from harness.numerics.scenario import (
     backend_for,
     check_outputs,
     make_step_inputs,
+    store_step_tokens,
 )
 
 Attention = Callable[[StepInputs], torch.Tensor]
+Ratios = dict[tuple[str, str, str], float]
+"""``(computation, dtype, case) -> worst ratio``: what both tables hold."""
 
 BLOCK = 64  # keys per online-softmax block of the emulated kernel
 SPLIT = 256  # keys per split-KV partition
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+# -- the plain-attention cases -----------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -50,7 +68,6 @@ SIZES = (
     Size("decode 4x4096", (4096,) * 4, (1,) * 4),
     Size("extend q=128/2048", (2048,), (128,)),
 )
-DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def scenario_for(size: Size, dtype: torch.dtype, seed: int = 0) -> Scenario:
@@ -68,13 +85,170 @@ def scenario_for(size: Size, dtype: torch.dtype, seed: int = 0) -> Scenario:
     )
 
 
+# -- the variant cases -------------------------------------------------------------------
+
+
+HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
+WINDOW = 512  # a quarter of the context: the window cuts every decode row
+
+
+@dataclass(frozen=True)
+class Case:
+    """One variant and the size it is measured at."""
+
+    name: str
+    variant: AttentionVariant
+    context_lens: tuple[int, ...] = (2048,) * 2
+    query_lens: tuple[int, ...] = (1, 1)
+
+
+SINKS = tuple(float(s) for s in torch.linspace(4.0, 10.0, HEADS))
+"""Sinks that hold 0.4% (4) to 64% (10) of a 2k-key row's weight: a sink is only visible
+where its weight exceeds the dtype's rounding, and these span that range."""
+VARIANT_CASES = (
+    Case("window 512", AttentionVariant(sliding_window=WINDOW)),
+    Case("window 512, extend q=64", AttentionVariant(sliding_window=WINDOW), (2048,), (64,)),
+    Case("soft-cap 30", AttentionVariant(logits_soft_cap=30.0)),
+    Case("sinks", AttentionVariant(sinks=SINKS)),
+    Case("alibi", AttentionVariant(alibi_slopes=alibi_slopes_for(HEADS))),
+    Case(
+        "fp8_e4m3, scales 0.3/0.05",
+        AttentionVariant(kv_cache_dtype="fp8_e4m3", k_scale=0.3, v_scale=0.05),
+    ),
+    Case(
+        "window+soft-cap+sinks (gpt-oss-like)",
+        AttentionVariant(sliding_window=WINDOW, logits_soft_cap=30.0, sinks=SINKS),
+    ),
+)
+
+
+def variant_scenario_for(case: Case, dtype: torch.dtype, seed: int = 0) -> Scenario:
+    """Planted keys give a few logits 8 above the rest, so a cap or a bias has work to do."""
+    return Scenario(
+        num_heads=HEADS,
+        num_kv_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        page_size=PAGE,
+        num_layers=1,
+        total_pages=sum(pages_needed(c, PAGE) for c in case.context_lens) + 1,
+        context_lens=case.context_lens,
+        query_lens=case.query_lens,
+        dtype=dtype,
+        planted_keys=3,
+        seed=seed,
+        variant=case.variant,
+    )
+
+
+def variant_inputs_for(case: Case, dtype: torch.dtype, seed: int = 0) -> StepInputs:
+    """The step's inputs with its new K/V already stored, as a correct backend stores them.
+
+    The emulated computations below are not backends; for an FP8 cache the
+    oracle reads the cache, so the new tokens must be in it.
+    """
+    inputs = make_step_inputs(variant_scenario_for(case, dtype, seed))
+    store_step_tokens(inputs)
+    return inputs
+
+
+# -- the computations: the emulated kernel, the built-ins, the bugs --------------------------
+
+
 def _rows(inputs: StepInputs) -> list[tuple[slice, SequenceKV]]:
+    """Each row's query slice and the K/V it attends to, as the backend reads them."""
     rows, start = [], 0
-    for row, seq in zip(inputs.step.rows, inputs.sequences[0], strict=True):
+    for row, seq in zip(inputs.step.rows, inputs.oracle_sequences(0), strict=True):
         if seq is not None:
             rows.append((slice(start, start + row.query_len), seq))
         start += row.query_len
     return rows
+
+
+@dataclass(frozen=True)
+class Bug:
+    """One deliberate change to the variant's arithmetic (all off: a correct computation)."""
+
+    window_shift: int = 0  # sees keys down to position p - W - shift + 1
+    cap_before_scale: bool = False
+    ignore_sinks: bool = False
+    alibi_sign: float = 1.0
+    kv_scale_power: float = 1.0  # dequantize with scale ** power (-1: inverted)
+
+
+def flash_style(
+    inputs: StepInputs, bug: Bug = Bug(), *, partials_in_dtype: bool = False
+) -> torch.Tensor:
+    """FlashAttention / flash-decoding arithmetic with the step's variant, emulated.
+
+    K/V are the values the kernel reads (FP8 dequantized) rounded to the
+    dtype; per 256-key split an online softmax over 64-key blocks with fp32
+    logits (soft-capped, ALiBi-biased and window-masked per block), running
+    max and sum in fp32, unnormalised probabilities rounded to the dtype
+    before P.V, fp32 accumulation. Splits merge by log-sum-exp in fp32, a sink
+    joining that merge as one more term with no value (with
+    ``partials_in_dtype`` the partial outputs are first stored in the dtype,
+    as paged-attention v2 does). The output is rounded to the dtype.
+    """
+    s = inputs.scenario
+    v_ = s.variant
+    query, dtype = inputs.queries[0], s.dtype
+    out = torch.zeros_like(query)
+    group = s.num_heads // s.num_kv_heads
+    power = bug.kv_scale_power - 1.0  # the read's extra factor on top of the right one
+    for rows, seq in _rows(inputs):
+        k_factor = v_.k_scale**power if v_.quantized else 1.0
+        v_factor = v_.v_scale**power if v_.quantized else 1.0
+        q = query[rows].transpose(0, 1)  # [H, q, D] in the dtype
+        k = (seq.key * k_factor).to(dtype).transpose(0, 1).repeat_interleave(group, 0)
+        v = (seq.value * v_factor).to(dtype).transpose(0, 1).repeat_interleave(group, 0)
+        q_len, length = q.shape[1], k.shape[1]
+        position = torch.arange(length - q_len, length)[:, None]
+        parts, lses = [], []
+        for split in range(0, length, SPLIT):
+            acc = torch.zeros(q.shape[0], q_len, q.shape[2])
+            m = torch.full((q.shape[0], q_len, 1), float("-inf"))
+            total = torch.zeros(q.shape[0], q_len, 1)
+            for block in range(split, min(split + SPLIT, length), BLOCK):
+                end = min(block + BLOCK, length, split + SPLIT)
+                logits = _block_logits(q, k[:, block:end], s, bug)
+                keys = torch.arange(block, end)[None, :]
+                if v_.alibi_slopes is not None:
+                    slopes = torch.tensor(v_.alibi_slopes)[:, None, None] * bug.alibi_sign
+                    logits = logits + slopes * (keys - position).float()
+                visible = keys <= position
+                if v_.sliding_window is not None:
+                    visible &= keys > position - v_.sliding_window - bug.window_shift
+                logits = logits.masked_fill(~visible, float("-inf"))
+                m_new = torch.maximum(m, logits.amax(-1, keepdim=True))
+                safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+                p = (logits - safe).exp()
+                rescale = (m - safe).exp()
+                total = total * rescale + p.sum(-1, keepdim=True)
+                acc = acc * rescale + p.to(dtype).float() @ v[:, block:end].float()
+                m = m_new
+            part = acc / total.clamp_min(1e-30)
+            parts.append(part.to(dtype).float() if partials_in_dtype else part)
+            lses.append(m + total.log())
+        lse = torch.stack(lses)  # [S, H, q, 1]
+        if v_.sinks is not None and not bug.ignore_sinks:
+            sink = torch.tensor(v_.sinks)[:, None, None].expand(-1, q_len, 1)
+            lse = torch.cat([lse, sink[None]])
+            parts.append(torch.zeros_like(parts[0]))  # the sink has no value
+        weights = (lse - torch.logsumexp(lse, 0)).exp()
+        merged = (weights * torch.stack(parts)).sum(0)
+        out[rows] = merged.transpose(0, 1).to(dtype)
+    return out
+
+
+def _block_logits(q: torch.Tensor, k: torch.Tensor, s: Scenario, bug: Bug) -> torch.Tensor:
+    """fp32 logits of one block, soft-capped (or capped before scaling, the bug)."""
+    raw = q.float() @ k.float().mT
+    cap = s.variant.logits_soft_cap
+    if cap is None:
+        return raw * s.softmax_scale
+    if bug.cap_before_scale:
+        return cap * torch.tanh(raw / cap) * s.softmax_scale
+    return cap * torch.tanh(raw * s.softmax_scale / cap)
 
 
 def variant(
@@ -112,55 +286,6 @@ def variant(
             visible = visible & keep(length, s.page_size)[None, :]
         probs = logits.masked_fill(~visible, float("-inf")).softmax(-1)
         out[rows] = (probs @ v).transpose(0, 1).to(query.dtype)
-    return out
-
-
-def flash_style(inputs: StepInputs, *, partials_in_dtype: bool = False) -> torch.Tensor:
-    """A FlashAttention / flash-decoding kernel's arithmetic, emulated.
-
-    Per 256-key split, an online softmax over 64-key blocks: fp32 logits,
-    running max and sum in fp32, unnormalised probabilities rounded to the
-    dtype before P.V, fp32 accumulation. Splits merge by log-sum-exp in fp32
-    (with ``partials_in_dtype`` the partial outputs are first stored in the
-    dtype, as paged-attention v2 does). The output is rounded to the dtype.
-    """
-    s = inputs.scenario
-    query, dtype = inputs.queries[0], s.dtype
-    out = torch.zeros_like(query)
-    group = s.num_heads // s.num_kv_heads
-    for rows, seq in _rows(inputs):
-        q = query[rows].transpose(0, 1)  # [H, q, D] in the dtype
-        k = seq.key.transpose(0, 1).repeat_interleave(group, 0)
-        v = seq.value.transpose(0, 1).repeat_interleave(group, 0)
-        q_len, length = q.shape[1], k.shape[1]
-        position = torch.arange(length - q_len, length)[:, None]
-        partial_out, partial_lse = [], []
-        for split in range(0, length, SPLIT):
-            acc = torch.zeros(q.shape[0], q_len, q.shape[2])
-            m = torch.full((q.shape[0], q_len, 1), float("-inf"))
-            total = torch.zeros(q.shape[0], q_len, 1)
-            for block in range(split, min(split + SPLIT, length), BLOCK):
-                end = min(block + BLOCK, length, split + SPLIT)
-                logits = (q.float() @ k[:, block:end].float().mT) * s.softmax_scale
-                visible = torch.arange(block, end)[None, :] <= position
-                logits = logits.masked_fill(~visible, float("-inf"))
-                m_new = torch.maximum(m, logits.amax(-1, keepdim=True))
-                safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-                p = (logits - safe).exp()
-                rescale = (m - safe).exp()
-                total = total * rescale + p.sum(-1, keepdim=True)
-                acc = acc * rescale + p.to(dtype).float() @ v[:, block:end].float()
-                m = m_new
-            part = acc / total.clamp_min(1e-30)
-            if partials_in_dtype:
-                part = part.to(dtype).float()
-            partial_out.append(part)
-            partial_lse.append(m + total.log())
-        lse = torch.stack(partial_lse)  # [S, H, q, 1]
-        weights = (lse - lse.amax(0)).exp()
-        weights = weights / weights.sum(0)
-        merged = (weights * torch.stack(partial_out)).sum(0)
-        out[rows] = merged.transpose(0, 1).to(dtype)
     return out
 
 
@@ -204,51 +329,137 @@ BUGS: dict[str, Attention] = {
 }
 
 
+VARIANT_CORRECT: dict[str, Attention] = {
+    "flash-style": flash_style,
+    "reference": _builtin("reference"),
+    "sdpa": _builtin("sdpa"),
+}
+VARIANT_BUGS: dict[str, tuple[Attention, Callable[[AttentionVariant], bool]]] = {
+    "window off by one": (
+        lambda i: flash_style(i, Bug(window_shift=1)),
+        lambda v: v.sliding_window is not None,
+    ),
+    "cap applied before scaling": (
+        lambda i: flash_style(i, Bug(cap_before_scale=True)),
+        lambda v: v.logits_soft_cap is not None,
+    ),
+    "sinks ignored": (
+        lambda i: flash_style(i, Bug(ignore_sinks=True)),
+        lambda v: v.sinks is not None,
+    ),
+    "alibi sign flipped": (
+        lambda i: flash_style(i, Bug(alibi_sign=-1.0)),
+        lambda v: v.alibi_slopes is not None,
+    ),
+    "fp8 scales inverted": (
+        lambda i: flash_style(i, Bug(kv_scale_power=-1.0)),
+        lambda v: v.quantized,
+    ),
+}
+
+
 def applies(case: str, size: Size) -> bool:
     """The off-by-one mask only differs from causal where a query has a later key."""
     return case != "causal off by one" or any(q > 1 for q in size.query_lens)
 
 
-def worst_ratio(attention: Attention, inputs: StepInputs) -> float:
-    return check_outputs(inputs, [attention(inputs)])[0].worst_ratio
+# -- the one table builder -----------------------------------------------------------------
+
+
+def worst_ratio(attention: Attention, inputs: StepInputs) -> float | None:
+    """Error / bound at the worst (token, head); ``None`` where the computation refuses it."""
+    try:
+        output = attention(inputs)
+    except Unsupported:
+        return None
+    return check_outputs(inputs, [output])[0].worst_ratio
+
+
+def measure(
+    cases: Iterable[tuple[str, Callable[[torch.dtype], StepInputs], dict[str, Attention]]],
+    dtypes: Sequence[torch.dtype] = DTYPES,
+) -> Ratios:
+    """Every computation of every case in every dtype: ``(name, inputs_for, computations)``."""
+    results: Ratios = {}
+    for case, inputs_for, computations in cases:
+        for dtype in dtypes:
+            inputs = inputs_for(dtype)
+            for label, attention in computations.items():
+                ratio = worst_ratio(attention, inputs)
+                if ratio is not None:
+                    results[(label, dtype_name(dtype), case)] = ratio
+    return results
 
 
 def table(
     sizes: Sequence[Size] = SIZES, dtypes: Sequence[torch.dtype] = DTYPES, seed: int = 0
-) -> dict[tuple[str, str, str], float]:
-    """``(case, dtype, size) -> worst ratio`` for every correct computation and bug."""
-    results = {}
-    for size in sizes:
-        for dtype in dtypes:
-            inputs = make_step_inputs(scenario_for(size, dtype, seed))
-            for case, attention in (CORRECT | BUGS).items():
-                if applies(case, size):
-                    ratio = worst_ratio(attention, inputs)
-                    results[(case, dtype_name(dtype), size.name)] = ratio
-    return results
+) -> Ratios:
+    """The plain-attention table: every correct computation and bug at every size."""
+    return measure(
+        (
+            (
+                size.name,
+                lambda dtype, size=size: make_step_inputs(scenario_for(size, dtype, seed)),
+                {c: a for c, a in (CORRECT | BUGS).items() if applies(c, size)},
+            )
+            for size in sizes
+        ),
+        dtypes,
+    )
 
 
-def format_table(results: dict[tuple[str, str, str], float]) -> str:
-    columns = sorted({(d, z) for _, d, z in results}, key=lambda c: (c[0], c[1]))
-    cases = list(dict.fromkeys(c for c, _, _ in results))
-    head = ["case".ljust(32)] + [f"{d} {z}".rjust(26) for d, z in columns]
-    lines = ["  ".join(head)]
-    for case in cases:
-        cells = []
-        for d, z in columns:
-            ratio = results.get((case, d, z))
-            cells.append(("-" if ratio is None else f"{ratio:.3g}").rjust(26))
-        lines.append("  ".join([case.ljust(32), *cells]))
+def variant_table(
+    cases: Sequence[Case] = VARIANT_CASES, dtypes: Sequence[torch.dtype] = DTYPES, seed: int = 0
+) -> Ratios:
+    """The variant table: the correct computations and each bug its variant makes visible."""
+    return measure(
+        (
+            (
+                case.name,
+                lambda dtype, case=case: variant_inputs_for(case, dtype, seed),
+                VARIANT_CORRECT
+                | {b: run for b, (run, shows) in VARIANT_BUGS.items() if shows(case.variant)},
+            )
+            for case in cases
+        ),
+        dtypes,
+    )
+
+
+def format_table(results: Ratios) -> str:
+    """Computations across, one Markdown row per (case, dtype) in the order measured."""
+    rows = list(dict.fromkeys((case, dtype) for _, dtype, case in results))
+    labels = list(dict.fromkeys(label for label, _, _ in results))
+    lines = ["| case | dtype | " + " | ".join(labels) + " |"]
+    lines.append("|" + "---|" * (len(labels) + 2))
+    for case, dtype in rows:
+        cells = [results.get((label, dtype, case)) for label in labels]
+        text = ["-" if r is None else f"{r:.3g}" for r in cells]
+        lines.append(f"| {case} | {dtype} | " + " | ".join(text) + " |")
     return "\n".join(lines)
 
 
-def main() -> None:
-    results = table()
-    print("worst error / bound (fails above 1):")
-    print(format_table(results))
-    correct = [r for (c, _, _), r in results.items() if c in CORRECT]
-    bugs = [r for (c, _, _), r in results.items() if c in BUGS]
-    print(f"correct: worst {max(correct):.3g}; bugs: least {min(bugs):.3g}")
+def summary(results: Ratios, correct: Iterable[str]) -> str:
+    """The one line that matters: the worst correct ratio against the least bug's."""
+    names = set(correct)
+    good = [r for (c, _, _), r in results.items() if c in names]
+    bad = [r for (c, _, _), r in results.items() if c not in names]
+    return f"correct: worst {max(good):.3g}; bugs: least {min(bad):.3g}"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m harness.numerics.discrimination")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--plain", action="store_true", help="the plain-attention table only")
+    only.add_argument("--variants", action="store_true", help="the variant table only")
+    args = parser.parse_args(argv)
+    print("worst error / bound (fails above 1; '-' = not applicable or not claimed)")
+    if not args.variants:
+        results = table()
+        print(f"\nplain attention:\n{format_table(results)}\n{summary(results, CORRECT)}")
+    if not args.plain:
+        results = variant_table()
+        print(f"\nvariants:\n{format_table(results)}\n{summary(results, VARIANT_CORRECT)}")
 
 
 if __name__ == "__main__":
