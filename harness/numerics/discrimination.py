@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -83,6 +84,10 @@ def scenario_for(size: Size, dtype: torch.dtype, seed: int = 0) -> Scenario:
         dtype=dtype,
         seed=seed,
     )
+
+
+def plain_inputs_for(size: Size, dtype: torch.dtype, seed: int = 0) -> StepInputs:
+    return make_step_inputs(scenario_for(size, dtype, seed))
 
 
 # -- the variant cases -------------------------------------------------------------------
@@ -399,7 +404,7 @@ def table(
         (
             (
                 size.name,
-                lambda dtype, size=size: make_step_inputs(scenario_for(size, dtype, seed)),
+                partial(plain_inputs_for, size, seed=seed),
                 {c: a for c, a in (CORRECT | BUGS).items() if applies(c, size)},
             )
             for size in sizes
@@ -416,7 +421,7 @@ def variant_table(
         (
             (
                 case.name,
-                lambda dtype, case=case: variant_inputs_for(case, dtype, seed),
+                partial(variant_inputs_for, case, seed=seed),
                 VARIANT_CORRECT
                 | {b: run for b, (run, shows) in VARIANT_BUGS.items() if shows(case.variant)},
             )
