@@ -9,7 +9,7 @@ import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["tests", "run", "gate", "browser", "lint", "typecheck"]  # what CI runs
+nox.options.sessions = ["tests", "checks"]  # what CI runs (.ci/run)
 
 CONSTRAINTS = ("-c", "constraints.txt")
 RUN_DIR = "reports/run"  # where the main job writes (conformance, bench.json, report/)
@@ -28,10 +28,12 @@ def tests(session: nox.Session) -> None:
     """The unit tests (CPU; the triton backend's under Triton's interpreter).
 
     The browser check's tests need a Chromium on PATH (``apt-get install chromium``);
-    without one they are skipped and say so.
+    without one they are skipped and say so. The tests run on every core (pytest-xdist's
+    ``-n auto``; torch runs one thread in each worker); arguments after ``--`` replace
+    that, e.g. ``nox -s tests -- tests/test_gate.py -x``.
     """
     session.install(*CONSTRAINTS, "-e", ".[test,triton,browser]")
-    session.run("pytest", *session.posargs)
+    session.run("pytest", *(session.posargs or ["-n", "auto"]))
 
 
 @nox.session
@@ -71,7 +73,11 @@ def bench(session: nox.Session) -> None:
 def run(session: nox.Session) -> None:
     """The main job: conformance of every backend, the benchmarks, the report (reports/run)."""
     session.install(*CONSTRAINTS, "-e", ".[triton]")
-    session.run("attn-harness", "run", "--out", RUN_DIR, *session.posargs)
+    _main_job(session, *session.posargs)
+
+
+def _main_job(session: nox.Session, *extra: str) -> None:
+    session.run("attn-harness", "run", "--out", RUN_DIR, *extra)
 
 
 @nox.session
@@ -100,6 +106,10 @@ def gate(session: nox.Session) -> None:
     failing case, and says that performance was not compared (``--no-baseline-ok``).
     """
     session.install(*CONSTRAINTS, "-e", ".[triton]")
+    _gate(session, *session.posargs)
+
+
+def _gate(session: nox.Session, *extra: str) -> None:
     runs = [f"{RUN_DIR}/bench.json"]
     for index in range(2, CANDIDATE_RUNS + 1):
         out = f"{RUN_DIR}/bench-{index}.json"  # always fresh: never pool a stale run
@@ -118,7 +128,7 @@ def gate(session: nox.Session) -> None:
         "--no-baseline-ok",
         *runs,
         f"{RUN_DIR}/conformance",
-        *session.posargs,
+        *extra,
     )
 
 
@@ -147,6 +157,10 @@ def browser(session: nox.Session) -> None:
     Installs Debian's chromium when none is on PATH (needs root, as on CI machines).
     """
     session.install(*CONSTRAINTS, "-e", ".[browser]")
+    _browser(session, session.posargs[0] if session.posargs else f"{RUN_DIR}/report")
+
+
+def _browser(session: nox.Session, target: str) -> None:
     if not any(shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")):
         install = ("apt-get", "install", "-y", "-q", "chromium")
         env = {"DEBIAN_FRONTEND": "noninteractive"}
@@ -155,14 +169,30 @@ def browser(session: nox.Session) -> None:
         except nox.command.CommandFailed:  # a stale package list: refresh it once
             session.run("apt-get", "update", "-q", external=True, env=env)
             session.run(*install, external=True, env=env)
-    target = session.posargs[0] if session.posargs else f"{RUN_DIR}/report"
     session.run("python", "-m", "harness.report.browser_check", target)
 
 
 @nox.session
+def checks(session: nox.Session) -> None:
+    """What CI runs after the tests, in one environment (one install instead of five).
+
+    The main job with the ``kill`` profile's conformance (20 examples per property
+    instead of 100: the full ``ci`` profile is ``nox -s run``; the tests already hold
+    every built-in to the suite), the benchmarks and the report; the gate against
+    the committed baseline; the report in headless Chromium; lint; types.
+    """
+    session.install(*CONSTRAINTS, "-e", ".[triton,browser,dev]")
+    _main_job(session, "--profile", "kill")
+    _gate(session)
+    _browser(session, f"{RUN_DIR}/report")
+    _lint(session)
+    _typecheck(session)
+
+
+@nox.session
 def ci(session: nox.Session) -> None:
-    """What CI runs, in order: tests, the main job, the gate, the browser check, lint, types."""
-    for name in ("tests", "run", "gate", "browser", "lint", "typecheck"):
+    """What CI runs, in order: the tests, then the checks."""
+    for name in ("tests", "checks"):
         session.notify(name)
 
 
@@ -193,6 +223,10 @@ def dist(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff lint and format check."""
     session.install(*CONSTRAINTS, "ruff")
+    _lint(session)
+
+
+def _lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 
@@ -201,4 +235,8 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy over the library and the built-in backends."""
     session.install(*CONSTRAINTS, "-e", ".", "mypy")
+    _typecheck(session)
+
+
+def _typecheck(session: nox.Session) -> None:
     session.run("mypy")

@@ -13,8 +13,14 @@ from harness.core.triton_mode import interpret_triton_here
 interpret_triton_here()
 
 
+import os  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
+    # One worker per core (-n auto): torch's own threads would only fight over the cores.
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ only a profile that draws such shapes kills them.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -24,7 +25,7 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.conformance.runner import pytest_arguments
@@ -42,6 +43,7 @@ def mutant_specs(catalogue: tuple[type, ...] = MUTANTS) -> list[str]:
 class Verdict:
     backend: str
     outcomes: dict[str, str]  # test function -> "failed" | "passed" | "skipped"
+    seconds: dict[str, float] = field(default_factory=dict)  # test function -> time it took
 
     @property
     def failed(self) -> tuple[str, ...]:
@@ -93,8 +95,17 @@ LOAD_EVERY_MUTANT = ("-p", "suites.mutants.backends")
 modules into its draws, so each worker must load the same ones for the draws to agree."""
 
 
-def run_suite(specs: list[str], profile: str, workers: int | None = None) -> dict[str, Verdict]:
+def run_suite(
+    specs: list[str],
+    profile: str,
+    workers: int | None = None,
+    tests: dict[str, list[str] | str] | None = None,
+) -> dict[str, Verdict]:
     """Per backend, each test's outcome: ``specs`` split over ``workers`` pytest processes.
+
+    ``tests`` narrows each backend to the conformance tests it names (``"*"``:
+    all; see ``suites.mutants.selection``); without it every backend runs the
+    whole suite.
 
     Each backend's draws depend only on the test and the backend's claim
     (derandomized profiles), not on which backends share a process, so the
@@ -107,6 +118,11 @@ def run_suite(specs: list[str], profile: str, workers: int | None = None) -> dic
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # as `conform` runs it
     with tempfile.TemporaryDirectory() as tmp:
         reports = [Path(tmp) / f"junit-{i}.xml" for i in range(count)]
+        narrowing: list[str] = []
+        if tests is not None:
+            selection = Path(tmp) / "backend-tests.json"
+            selection.write_text(json.dumps({spec: tests[spec] for spec in specs}))
+            narrowing = ["-p", "suites.mutants.selection", "--backend-tests", str(selection)]
         runs = [
             subprocess.Popen(
                 [
@@ -115,6 +131,7 @@ def run_suite(specs: list[str], profile: str, workers: int | None = None) -> dic
                     "pytest",
                     "-q",
                     *LOAD_EVERY_MUTANT,
+                    *narrowing,
                     *pytest_arguments(chunk, profile, str(r)),
                 ],
                 cwd=root,
@@ -130,12 +147,17 @@ def run_suite(specs: list[str], profile: str, workers: int | None = None) -> dic
             raise RuntimeError("a conformance run wrote no JUnit report")
         trees = [ET.parse(r) for r in reports]
     outcomes: dict[str, dict[str, str]] = defaultdict(dict)
+    seconds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for tree in trees:
-        _read_outcomes(tree, outcomes)
-    return {spec: Verdict(spec, dict(outcomes[spec])) for spec in specs}
+        _read_outcomes(tree, outcomes, seconds)
+    return {spec: Verdict(spec, dict(outcomes[spec]), dict(seconds[spec])) for spec in specs}
 
 
-def _read_outcomes(tree: ET.ElementTree, outcomes: dict[str, dict[str, str]]) -> None:
+def _read_outcomes(
+    tree: ET.ElementTree,
+    outcomes: dict[str, dict[str, str]],
+    seconds: dict[str, dict[str, float]],
+) -> None:
     """Each JUnit test case's outcome, under the backend its ``backend`` property names."""
     for case in tree.iter("testcase"):
         props = {p.get("name"): p.get("value") for p in case.iter("property")}
@@ -143,6 +165,7 @@ def _read_outcomes(tree: ET.ElementTree, outcomes: dict[str, dict[str, str]]) ->
         if backend is None:
             continue
         name = (case.get("name") or "").split("[")[0]
+        seconds[backend][name] += float(case.get("time") or 0.0)
         if case.find("failure") is not None or case.find("error") is not None:
             outcome = "failed"
         elif case.find("skipped") is not None:
@@ -191,6 +214,9 @@ def main() -> int:
         help="every planted bug, only the attention variants', or only the field catalogue's "
         "(real engine bugs; default: all)",
     )
+    parser.add_argument(
+        "--json", type=Path, default=None, help="also write each backend's outcomes and times"
+    )
     args = parser.parse_args()
     catalogues = {"all": MUTANTS, "variants": VARIANT_MUTANTS, "field": FIELD_MUTANTS}
     planted = mutant_specs(catalogues[args.mutants])
@@ -203,6 +229,9 @@ def main() -> int:
     started = time.perf_counter()
     verdicts = run_suite(specs, args.profile)
     print(f"ran in {time.perf_counter() - started:.0f} s\n")
+    if args.json is not None:
+        record = {s: {"outcomes": v.outcomes, "seconds": v.seconds} for s, v in verdicts.items()}
+        args.json.write_text(json.dumps(record, indent=1) + "\n")
     tests = sorted({t for v in verdicts.values() for t in v.outcomes})
     print_matrix(verdicts, tests)
     only = exclusive_catches(verdicts, planted)
