@@ -17,7 +17,7 @@ from harness import (
     PoolLayout,
     create_attention_backend,
 )
-from harness.conformance import properties
+from harness.conformance import properties, rejection_properties
 from harness.conformance.properties import bits, changed_slots, run_step
 from harness.core.batches import BatchBuilder
 from harness.core.contract import capabilities_of
@@ -549,7 +549,7 @@ def test_combined_kv_passes_the_properties(name):
     properties.check_page_order_irrelevant(entry, scenario)
     properties.check_layouts_agree(entry, scenario)
     properties.check_deterministic(entry, scenario)
-    properties.check_rejects_foreign_pages(entry, scenario)
+    rejection_properties.check_rejects_foreign_pages(entry, scenario)
     ranks = [replace(scenario, dp_rank=r) for r in range(scenario.dp_size)]
     properties.check_every_rank_matches_oracle(entry, ranks)
 

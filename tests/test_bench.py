@@ -15,18 +15,14 @@ import numpy as np
 import pytest
 from torch.nn.attention.bias import CausalBias
 
+import harness.bench.case_check as case_check
 import harness.bench.runner as bench
 import harness.cli.bench as bench_cli
 import harness.core.registry as registry
+from harness.bench.case_check import build_backend, prepare_case
 from harness.bench.ceilings import Ceilings, RunCeilings
 from harness.bench.peer import PEER_NAME, ContiguousPeer
-from harness.bench.runner import (
-    BenchConfig,
-    build_backend,
-    failed,
-    prepare_case,
-    run_benchmarks,
-)
+from harness.bench.runner import BenchConfig, failed, run_benchmarks
 from harness.bench.timing import TimingConfig
 from harness.bench.workloads import WORKLOADS, CaseSpec, Workload
 from harness.core.registry import BackendEntry, BackendRegistry
@@ -165,7 +161,7 @@ def test_peer_uses_one_sdpa_call_per_shape_and_a_bottom_right_mask():
     prompt = next(g for g in peer.groups if g.query.shape[2] == 13)
     assert prompt.is_causal
     assert prompt.mask is None
-    assert bench.check_output(case, peer.assemble(peer())).status == "PASSED"
+    assert case_check.check_output(case, peer.assemble(peer())).status == "PASSED"
 
 
 def test_incorrect_backend_is_reported_and_never_timed():
@@ -215,10 +211,10 @@ def test_each_failure_gets_its_status(cls, status, message):
 
 def test_cuda_graph_timing_needs_a_graph_mode_claim():
     case = prepare_case(ONE, TINY_CASES[0], "cpu")
-    checked = bench.check_backend(entry(fx.NoGraphModeBackend), case, graph_mode=True)
+    checked = case_check.check_backend(entry(fx.NoGraphModeBackend), case, graph_mode=True)
     assert checked.verdict.status == "UNSUPPORTED"
     assert "graph_mode" in checked.verdict.error
-    checked = bench.check_backend(entry(SdpaBackend), case, graph_mode=True)
+    checked = case_check.check_backend(entry(SdpaBackend), case, graph_mode=True)
     assert checked.verdict.status == "PASSED"
     assert checked.graph_mode
 

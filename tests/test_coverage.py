@@ -24,7 +24,8 @@ from harness.conformance.claim_coverage import (
 from harness.conformance.profiles import get_profile
 from harness.conformance.session import ConformanceOptions, ConformanceSession
 from harness.conformance.stateful import RULES, conformance_machine, run_machine
-from harness.conformance.strategies import CI_BUDGET, multi_rank_scenarios
+from harness.conformance.step_strategies import multi_rank_scenarios
+from harness.conformance.strategies import CI_BUDGET
 from harness.core.registry import default_registry
 from harness.numerics.scenario import Scenario
 

@@ -22,7 +22,8 @@ from harness.conformance.large_pool import (
 )
 from harness.conformance.production_shapes import SPEC_GROUPS, TOKEN_BUDGETS
 from harness.conformance.profiles import get_profile
-from harness.conformance.strategies import CI_BUDGET, production_scenarios, scenarios
+from harness.conformance.step_strategies import production_scenarios, scenarios
+from harness.conformance.strategies import CI_BUDGET
 from harness.core.contract import Capabilities
 from harness.core.kv_pages import pages_needed
 from harness.core.registry import default_registry

@@ -22,6 +22,7 @@ from harness.bench.runner import BenchConfig
 from harness.bench.timing import TimingConfig
 from harness.bench.workloads import CaseSpec, Workload
 from harness.core.registry import BackendEntry
+from harness.gpu import bench_step
 from harness.gpu import check as gpu_check
 from harness.gpu.check import StepResult, main
 from harness.results.store import load_results, save_results
@@ -248,7 +249,7 @@ def test_conformance_counts_survive_a_broken_report(tmp_path):
 def test_bench_step_saves_after_every_case_in_workload_order(tmp_path, capsys):
     path = tmp_path / "bench.json"
     entry = BackendEntry("sdpa", SdpaBackend, "test")
-    record = gpu_check.run_bench_step(path, [entry], WORKLOADS, FAST, deadline_s=600)
+    record = bench_step.run_bench_step(path, [entry], WORKLOADS, FAST, deadline_s=600)
     assert record is not None
     log = capsys.readouterr().out
     # the workloads' cases alternate, so a step cut short has some of each
@@ -294,7 +295,7 @@ def test_a_bench_step_interrupted_mid_run_keeps_a_valid_file_marked_partial(tmp_
 
     monkeypatch.setattr(harness.bench.runner, "run_benchmarks", interrupted_second_case)
     with pytest.raises(KeyboardInterrupt):
-        gpu_check.run_bench_step(path, [entry], WORKLOADS, FAST, deadline_s=600)
+        bench_step.run_bench_step(path, [entry], WORKLOADS, FAST, deadline_s=600)
     saved = load_results(path)  # strict load: a valid file
     assert saved.partial
     assert [c.case for c in saved.cases] == ["decode a", "decode a"]  # the peer and sdpa
@@ -304,7 +305,7 @@ def test_a_bench_step_interrupted_mid_run_keeps_a_valid_file_marked_partial(tmp_
 def test_bench_step_starts_no_case_past_its_deadline(tmp_path, capsys):
     path = tmp_path / "bench.json"
     entry = BackendEntry("sdpa", SdpaBackend, "test")
-    record = gpu_check.run_bench_step(path, [entry], WORKLOADS[:1], FAST, deadline_s=0.0)
+    record = bench_step.run_bench_step(path, [entry], WORKLOADS[:1], FAST, deadline_s=0.0)
     assert record is None
     assert "out of time: 3 cases not started" in capsys.readouterr().out
     assert not path.exists()
@@ -312,7 +313,7 @@ def test_bench_step_starts_no_case_past_its_deadline(tmp_path, capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
 def test_bench_step_without_cuda_says_so(tmp_path, capsys):
-    code = gpu_check.bench_main(
+    code = bench_step.bench_main(
         [
             str(tmp_path / "b.json"),
             "--workload",
@@ -329,7 +330,7 @@ def test_bench_step_without_cuda_says_so(tmp_path, capsys):
 
 def test_summary_is_built_from_whatever_files_exist(tmp_path, capsys):
     entry = BackendEntry("sdpa", SdpaBackend, "test")
-    gpu_check.run_bench_step(
+    bench_step.run_bench_step(
         tmp_path / "bench-cuda.json", [entry], [WORKLOADS[1]], FAST, deadline_s=600
     )
     capsys.readouterr()
@@ -360,7 +361,7 @@ def test_a_cpu_rehearsal_points_every_step_at_the_cpu(tmp_path):
     run = gpu_check.ConformanceRun("sdpa", "sdpa", "kill", device="cpu")
     command = run.command(tmp_path)
     assert command[command.index("--conformance-device") + 1] == "cpu"
-    bench = gpu_check.bench_command(tmp_path, ["sdpa"], ["decode-sweep"], 60.0, "cpu")
+    bench = bench_step.bench_command(tmp_path, ["sdpa"], ["decode-sweep"], 60.0, "cpu")
     assert str(tmp_path / "bench-cpu.json") in bench
     assert bench[bench.index("--device") + 1] == "cpu"
     assert gpu_check.conformance_runs(["sdpa"], "kill", False, "cpu") == [run]
@@ -374,7 +375,7 @@ def test_a_cpu_rehearsal_points_every_step_at_the_cpu(tmp_path):
 def test_the_summary_says_when_the_bench_file_is_partial(tmp_path):
     entry = BackendEntry("sdpa", SdpaBackend, "test")
     path = tmp_path / "bench-cuda.json"
-    gpu_check.run_bench_step(path, [entry], [WORKLOADS[1]], FAST, deadline_s=600)
+    bench_step.run_bench_step(path, [entry], [WORKLOADS[1]], FAST, deadline_s=600)
     assert "PARTIAL" not in gpu_check._bench_text(path)
     record = load_results(path)
     record.partial = True

@@ -15,7 +15,8 @@ import torch
 
 from harness.core.registry import BackendEntry
 from harness.gpu import graph_check
-from harness.gpu.graph_check import FAIL, PASS, SKIP, GraphShape, main, run
+from harness.gpu.graph_check import FAIL, PASS, SKIP, main, run
+from harness.gpu.graph_steps import SHAPES, GraphShape
 from reference_backends import ReferenceBackend, SdpaBackend
 from tests.fixtures import bench_backends as fx
 
@@ -168,7 +169,7 @@ def test_cpu_dry_run_writes_the_summary(tmp_path, capsys):
     assert data["exit_code"] == 0
     assert data["dtype"] == "bfloat16"
     assert [b["status"] for b in data["backends"]] == [SKIP, PASS]
-    assert [s["name"] for s in data["shapes"]] == [s.name for s in graph_check.SHAPES]
+    assert [s["name"] for s in data["shapes"]] == [s.name for s in SHAPES]
     assert data["shapes"][0]["pad_rows"] > 0
     sdpa = data["backends"][1]
     assert all(s["status"] == PASS and s["replay"]["passed"] for s in sdpa["shapes"])
@@ -189,10 +190,10 @@ def test_an_unloadable_spec_is_skipped_with_its_error():
 
 
 def test_production_shapes_are_graph_mode_bf16_at_production_heads():
-    for shape in graph_check.SHAPES:
+    for shape in SHAPES:
         scenario = shape.scenario("cpu", torch.bfloat16)
         assert scenario.graph_mode
         assert (scenario.num_heads, scenario.num_kv_heads, scenario.head_dim) == (32, 8, 128)
         assert scenario.page_size == 16
-    mixed = graph_check.SHAPES[1]
+    mixed = SHAPES[1]
     assert any(1 < q < n for q, n in zip(mixed.query_lens, mixed.context_lens, strict=True))

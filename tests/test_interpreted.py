@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import attn_harness_pytest as plugin
-from harness.bench.runner import unsupported_reason
+from harness.bench.case_check import unsupported_reason
 from harness.bench.workloads import get_workload
 from harness.conformance.profiles import INTERPRETED_BUDGET, get_profile
 from harness.conformance.session import ConformanceOptions, ConformanceSession

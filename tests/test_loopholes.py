@@ -15,6 +15,8 @@ from harness.conformance.properties import (
     check_deterministic,
     check_partition_respected,
     check_ranks_together_equal_alone,
+)
+from harness.conformance.rejection_properties import (
     check_rejects_foreign_block_table_entry,
     check_stale_block_table_entries_ignored,
 )

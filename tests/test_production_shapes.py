@@ -7,7 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.conformance.production_shapes import REGIMES, CostLimit, both_sides
-from harness.conformance.strategies import CI_BUDGET, production_scenarios
+from harness.conformance.step_strategies import production_scenarios
+from harness.conformance.strategies import CI_BUDGET
 from harness.core.contract import Capabilities
 from harness.core.kv_pages import PoolLayout, dp_page_range, pages_needed
 from harness.core.registry import default_registry

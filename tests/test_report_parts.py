@@ -6,7 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.report.figures import FIGURE_NAMES, SkippedFigure, _text, conformance_matrix
+from harness.report.figure_style import _text
+from harness.report.figures import FIGURE_NAMES, SkippedFigure, conformance_matrix
 from harness.report.figures import make_figures as draw
 from harness.report.inputs import ConformanceCase, ConformanceRun, Inputs
 from harness.report.page import render_page

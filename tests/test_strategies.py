@@ -6,7 +6,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.conformance.strategies import Budget, multi_rank_scenarios, scenarios
+from harness.conformance.step_strategies import multi_rank_scenarios, scenarios
+from harness.conformance.strategies import Budget
 from harness.core.contract import Capabilities
 from harness.core.kv_pages import PoolLayout, dp_page_range
 from harness.core.validate import check_rank_ownership, validate_metadata

@@ -29,7 +29,7 @@ import torch
 from harness.conformance.claim_coverage import labels
 from harness.conformance.production_shapes import REGIMES
 from harness.conformance.profiles import get_profile
-from harness.conformance.strategies import production_scenarios, scenarios
+from harness.conformance.step_strategies import production_scenarios, scenarios
 from harness.core.registry import default_registry
 from harness.numerics.scenario import Scenario, make_step_inputs
 

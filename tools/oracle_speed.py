@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from harness.bench.runner import prepare_case
+from harness.bench.case_check import prepare_case
 from harness.bench.workloads import get_workload
 from harness.numerics.oracle import SequenceKV, oracle_attention
 

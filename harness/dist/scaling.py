@@ -90,7 +90,7 @@ def run_rank(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from harness.bench.runner import accepts_validate
+    from harness.bench.case_check import accepts_validate
     from harness.dist.failures import fail_rank
     from harness.dist.group import die_with_parent, join_group
     from harness.dist.progress import Heartbeat

@@ -26,19 +26,17 @@ from typing import Any
 import pytest
 import torch
 
-from harness.bench.ceilings import RunCeilings, run_ceilings
-from harness.bench.environment import fingerprint
-from harness.bench.peer import PEER_CLASS, PEER_NAME, ContiguousPeer
-from harness.bench.runner import (
-    PREPARE_TIMING,
+from harness.bench.case_check import (
     PreparedCase,
     Verdict,
-    case_metrics,
-    case_record,
     check_backend,
     check_output,
     prepare_case,
 )
+from harness.bench.ceilings import RunCeilings, run_ceilings
+from harness.bench.environment import fingerprint
+from harness.bench.peer import PEER_CLASS, PEER_NAME, ContiguousPeer
+from harness.bench.runner import PREPARE_TIMING, case_metrics, case_record
 from harness.bench.timing import CacheFlusher, HostClock, TimingConfig, measure, stamp_timer
 from harness.bench.workloads import CaseSpec, Workload, get_workload
 from harness.core.registry import class_label, default_registry

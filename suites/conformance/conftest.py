@@ -23,7 +23,11 @@ from attn_harness_pytest import (
 )
 from harness.conformance.claim_coverage import claim_summary
 from harness.conformance.properties import PropertyFailure
-from harness.conformance.strategies import multi_rank_scenarios, production_scenarios, scenarios
+from harness.conformance.step_strategies import (
+    multi_rank_scenarios,
+    production_scenarios,
+    scenarios,
+)
 from harness.core.deadlines import CaseTimeout, deadline
 from harness.core.errors import Unsupported
 from harness.core.registry import BackendEntry

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.conformance.properties import (
+from harness.conformance.rejection_properties import (
     BAD_CONSTRUCTOR_VALUES,
     check_bind_rejects_unbound_range,
     check_constructor_rejects,

@@ -13,10 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.conformance.properties import (
+from harness.conformance.properties import check_lse_matches_oracle, check_out_buffer_is_the_result
+from harness.conformance.rejection_properties import (
     BAD_VARIANT_VALUES,
-    check_lse_matches_oracle,
-    check_out_buffer_is_the_result,
     check_variant_constructor_rejects,
     variant_keyword_claimed,
 )
