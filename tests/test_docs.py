@@ -265,3 +265,50 @@ def test_docs_index_lists_every_doc() -> None:
     for doc in DOC_FILES:
         if doc.name != "README.md":
             assert f"]({doc.name})" in index, f"docs/README.md does not list {doc.name}"
+
+
+PUBLIC_ROOTS = ("harness", "attn_harness_pytest", "reference_backends", "suites")
+
+
+def _documented_imports() -> list[tuple[str, str, str]]:
+    """Every ``from MODULE import NAME`` of the project in README.md's and docs/'s code."""
+    import ast
+
+    found = []
+    for doc in [ROOT / "README.md", *DOC_FILES]:
+        for block in code_blocks(doc, "python") + code_blocks(doc, "py"):
+            try:
+                tree = ast.parse(block)
+            except SyntaxError:  # a fragment (an elided body): its import lines still count
+                tree = ast.parse("\n".join(line for line in block.splitlines() if "import" in line))
+            for node in ast.walk(tree):
+                if not (isinstance(node, ast.ImportFrom) and node.module and node.level == 0):
+                    continue
+                if node.module.split(".")[0] in PUBLIC_ROOTS:
+                    found += [(doc.name, node.module, a.name) for a in node.names]
+            if re.search(r"^import harness$", block, re.M):  # then harness.NAME attributes
+                for name in re.findall(r"(?<![\w.])harness\.([A-Za-z_]\w*)", block):
+                    found.append((doc.name, "harness", name))
+    return found
+
+
+def test_docs_import_public_names_from_where_they_say():
+    """A name the docs import from a module is there: moving it breaks this, not a user."""
+    import importlib
+
+    documented = _documented_imports()
+    assert len({(m, n) for _, m, n in documented}) >= 10  # the docs' imports were found
+    for doc, module, name in documented:
+        assert hasattr(importlib.import_module(module), name), f"{doc}: from {module} import {name}"
+
+
+def test_every_name_in_harness_all_imports_from_harness():
+    import harness
+
+    assert len(harness.__all__) >= 20
+    for name in harness.__all__:
+        assert getattr(harness, name) is not None, name
+    from harness import backend_kit
+
+    for name in getattr(backend_kit, "__all__", []):
+        assert hasattr(backend_kit, name), name
