@@ -187,6 +187,40 @@ def exclusive_catches(verdicts: dict[str, Verdict], mutants: list[str]) -> dict[
     return only
 
 
+def declared_catchers(verdicts: dict[str, Verdict], mutants: list[str]) -> dict[str, str]:
+    """Per mutant, the one test to hold it to: the test that alone catches it, else the
+    cheapest of those that catch it (by this run's time). What ``catchers.py`` records."""
+    only = exclusive_catches(verdicts, mutants)
+    exclusive = {spec: test for test, specs in only.items() for spec in specs}
+    chosen = {}
+    for spec in mutants:
+        verdict = verdicts[spec]
+        if spec in exclusive:
+            chosen[spec] = exclusive[spec]
+        elif verdict.failed:
+            chosen[spec] = min(verdict.failed, key=lambda t: (verdict.seconds.get(t, 0.0), t))
+    return chosen
+
+
+def catchers_module(chosen: dict[str, str], profile: str) -> str:
+    """The text of ``suites/mutants/catchers.py`` for ``chosen``."""
+    lines = [
+        '"""The conformance test that each planted bug is held to (``tests/test_mutants.py``).',
+        "",
+        "Written by ``python -m suites.mutants.kill_matrix --write-catchers`` from a full",
+        f"``{profile}`` run: the test that alone catches the bug where one does, else the",
+        "cheapest of the tests that catch it. The test suite runs each bug on its test only",
+        "and requires that test to fail; the full matrix (every bug on every test, and which",
+        "test alone catches which bug) is ``nox -s mutants``.",
+        '"""',
+        "",
+        "CAUGHT_BY: dict[str, str] = {",
+    ]
+    lines += [f'    "{spec}": "{test}",' for spec, test in sorted(chosen.items())]
+    lines += ["}", ""]
+    return "\n".join(lines)
+
+
 def print_matrix(verdicts: dict[str, Verdict], tests: list[str]) -> None:
     """Backends down, tests across (numbered, legend below): X caught, . passed, - skipped."""
     width = max(len(_short(v)) for v in verdicts)
@@ -216,6 +250,12 @@ def main() -> int:
     )
     parser.add_argument(
         "--json", type=Path, default=None, help="also write each backend's outcomes and times"
+    )
+    parser.add_argument(
+        "--write-catchers",
+        action="store_true",
+        help="rewrite suites/mutants/catchers.py (each bug's test) from this run; needs "
+        "--mutants all",
     )
     args = parser.parse_args()
     catalogues = {"all": MUTANTS, "variants": VARIANT_MUTANTS, "field": FIELD_MUTANTS}
@@ -248,7 +288,12 @@ def main() -> int:
         f"built-ins {'all pass' if clean else 'FAIL'}"
         + (f"; survivors: {', '.join(survivors)}" if survivors else "")
     )
-    return 0 if killed == len(mutants) and clean else 1
+    unexplained = [t for t in tests if not only.get(t) and t not in SUBSUMED]
+    if args.write_catchers and killed == len(mutants) and args.mutants == "all":
+        target = Path(__file__).with_name("catchers.py")
+        target.write_text(catchers_module(declared_catchers(verdicts, planted), args.profile))
+        print(f"wrote {target}")
+    return 0 if killed == len(mutants) and clean and not unexplained else 1
 
 
 if __name__ == "__main__":
