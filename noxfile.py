@@ -29,11 +29,12 @@ def tests(session: nox.Session) -> None:
 
     The browser check's tests need a Chromium on PATH (``apt-get install chromium``);
     without one they are skipped and say so. The tests run on every core (pytest-xdist's
-    ``-n auto``; torch runs one thread in each worker); arguments after ``--`` replace
-    that, e.g. ``nox -s tests -- tests/test_gate.py -x``.
+    ``-n auto``, tests that share a costly fixture on one worker; torch runs one
+    thread in each worker); arguments after ``--`` replace that, e.g.
+    ``nox -s tests -- tests/test_gate.py -x``.
     """
     session.install(*CONSTRAINTS, "-e", ".[test,triton,browser]")
-    session.run("pytest", *(session.posargs or ["-n", "auto"]))
+    session.run("pytest", *(session.posargs or ["-n", "auto", "--dist", "loadgroup"]))
 
 
 @nox.session

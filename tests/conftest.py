@@ -61,3 +61,10 @@ def variant_ratios() -> dict[tuple[str, str, str], float]:
         return variant_table()
     finally:
         torch.set_num_threads(threads)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist registers it too; here so that --strict-markers holds without xdist
+    config.addinivalue_line(
+        "markers", "xdist_group(name): run on one xdist worker (nox -s tests: --dist loadgroup)"
+    )

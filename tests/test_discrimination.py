@@ -21,6 +21,8 @@ from harness.numerics.discrimination import (
 )
 from harness.numerics.scenario import Scenario, check_outputs, make_step_inputs
 
+pytestmark = pytest.mark.xdist_group("discrimination")  # one worker computes the tables
+
 
 @pytest.fixture(scope="module")
 def ratios() -> dict[tuple[str, str, str], float]:

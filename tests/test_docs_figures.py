@@ -38,6 +38,8 @@ from harness.conformance.profiles import get_profile
 from harness.core.registry import default_registry
 from harness.numerics import discrimination
 
+pytestmark = pytest.mark.xdist_group("discrimination")  # one worker computes the tables
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFORMANCE = ROOT / "docs" / "conformance.md"
 README = ROOT / "README.md"

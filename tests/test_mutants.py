@@ -14,10 +14,12 @@ import ast
 from pathlib import Path
 
 import pytest
-from suites.mutants.catchers import CAUGHT_BY
 
 from suites.mutants.backends import MUTANTS
+from suites.mutants.catchers import CAUGHT_BY
 from suites.mutants.kill_matrix import BUILTINS, SUBSUMED, Verdict, mutant_specs, run_suite
+
+pytestmark = pytest.mark.xdist_group("kill-matrix")  # one worker computes the shared fixture
 
 SUITE = Path(__file__).resolve().parents[1] / "suites" / "conformance"
 LOOPHOLES = {

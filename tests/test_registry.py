@@ -18,6 +18,7 @@ from harness.core.errors import BackendLoadError
 from harness.core.registry import (
     BackendRegistry,
     DPBackendConfig,
+    HeadConfig,
     accepts_dp,
     check_backend_class,
     create_attention_backend,
@@ -416,7 +417,7 @@ def test_only_dp_size_is_not_dp_aware() -> None:
 
 def test_instantiate_backend_without_name_labels_the_class() -> None:
     with pytest.raises(ValueError, match=rf"{NoDP.__module__}\.NoDP"):
-        instantiate_backend(NoDP, **ARGS, dp_config=DPBackendConfig(3, 0))
+        instantiate_backend(NoDP, HeadConfig(**ARGS), dp_config=DPBackendConfig(3, 0))
 
 
 # -- create_attention_backend end to end ------------------------------------------
@@ -880,7 +881,9 @@ def test_other_messages_name_a_file_class_by_its_path() -> None:
         reg.register("mine", KwargsDP)
     assert f"registered: {FILE_BACKEND}:FileBackend" in str(duplicate.value)
     with pytest.raises(ValueError, match="not DP-aware") as not_dp:
-        instantiate_backend(_non_dp_subclass(cls), **ARGS, dp_config=DPBackendConfig(2, 0))
+        instantiate_backend(
+            _non_dp_subclass(cls), HeadConfig(**ARGS), dp_config=DPBackendConfig(2, 0)
+        )
     assert SPEC_MODULE_PREFIX not in str(not_dp.value)
     assert f"{FILE_BACKEND}:FileBackend" in str(not_dp.value)
 

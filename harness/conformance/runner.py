@@ -20,7 +20,6 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 from harness.conformance.plugin_names import PROFILE_NAMES
 from harness.core.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
@@ -119,7 +118,7 @@ def usage_problem(specs: Sequence[str], profile: str, device: str = "cpu") -> st
 def construction_problem(specs: Sequence[str]) -> str | None:
     """A backend that raises when built with valid arguments: every property would fail alike."""
     from harness.core.errors import Unsupported
-    from harness.core.registry import default_registry
+    from harness.core.registry import HeadConfig, default_registry
 
     registry = default_registry()
     entries = [registry.resolve(s) for s in specs] if specs else registry.entries()
@@ -129,12 +128,9 @@ def construction_problem(specs: Sequence[str]) -> str | None:
         except Exception:  # a bad capabilities() fails inside the suite, with its own message
             continue
         head_dim = head_dims[0] if head_dims else 16
-        kwargs: dict[str, Any] = {
-            "num_heads": 2,
-            "num_kv_heads": 1,
-            "head_dim": head_dim,
-            "scale": head_dim**-0.5,
-        }
+        kwargs = HeadConfig(
+            num_heads=2, num_kv_heads=1, head_dim=head_dim, scale=head_dim**-0.5
+        ).kwargs()
         try:
             with contextlib.redirect_stdout(sys.stderr):
                 entry.cls(**kwargs)

@@ -13,6 +13,7 @@ package cannot break it.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import hashlib
 import importlib
@@ -47,6 +48,24 @@ class DPBackendConfig:
 
     def __post_init__(self) -> None:
         validate_dp_config(self.dp_size, self.dp_rank)
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """The four values every backend constructor takes: the one place they are spelled.
+
+    ``create_attention_backend`` (the public entry) takes them as keywords; the
+    harness's own callers build one of these and pass ``kwargs()``.
+    """
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float
+
+    def kwargs(self) -> dict[str, Any]:
+        """As constructor keywords: ``cls(**heads.kwargs())``."""
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -396,19 +415,14 @@ def list_backends() -> list[str]:
 
 def instantiate_backend(
     cls: type,
+    heads: HeadConfig,
     *,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    scale: float,
     dp_config: DPBackendConfig | None = None,
     name: str | None = None,
     **kwargs: Any,
 ) -> Any:
     """Construct ``cls``, passing DP values only when its constructor accepts them."""
-    init_kwargs: dict[str, Any] = dict(
-        num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, scale=scale, **kwargs
-    )
+    init_kwargs: dict[str, Any] = heads.kwargs() | kwargs
     if dp_config is not None:
         if accepts_dp(cls):
             init_kwargs["dp_size"] = dp_config.dp_size
@@ -435,10 +449,7 @@ def create_attention_backend(
     """Instantiate a registered backend (or spec) with its DP config."""
     return instantiate_backend(
         _DEFAULT.resolve(name).cls,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        scale=scale,
+        HeadConfig(num_heads, num_kv_heads, head_dim, scale),
         dp_config=dp_config,
         name=name,
         **kwargs,

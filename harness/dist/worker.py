@@ -59,15 +59,14 @@ BackendFactory = Callable[[int], Any]
 
 def backend_factory(entry: Any, setup: DistSetup) -> BackendFactory:
     """Build ``entry`` for a given dp_rank of the setup's group."""
-    from harness.core.registry import DPBackendConfig, instantiate_backend
+    from harness.core.registry import DPBackendConfig, HeadConfig, instantiate_backend
+
+    heads = HeadConfig(setup.num_heads, setup.num_kv_heads, setup.head_dim, setup.scale)
 
     def make(rank: int) -> Any:
         return instantiate_backend(
             entry.cls,
-            num_heads=setup.num_heads,
-            num_kv_heads=setup.num_kv_heads,
-            head_dim=setup.head_dim,
-            scale=setup.scale,
+            heads,
             dp_config=DPBackendConfig(setup.dp_size, rank),
             name=entry.name,
         )

@@ -20,7 +20,12 @@ from harness.core.batches import BatchBuilder, Step
 from harness.core.contract import AttentionBackend, LayerCache
 from harness.core.dtypes import dtype_name
 from harness.core.kv_pages import PagePool, PoolLayout, make_layer_caches, token_slots, write_tokens
-from harness.core.registry import BackendEntry, DPBackendConfig, instantiate_backend
+from harness.core.registry import (
+    BackendEntry,
+    DPBackendConfig,
+    HeadConfig,
+    instantiate_backend,
+)
 from harness.core.variants import PLAIN, AttentionVariant
 from harness.numerics.cache_readback import quantized_write_problem, stored_sequences
 from harness.numerics.oracle import OracleOutput, SequenceKV, references
@@ -279,12 +284,12 @@ def scenario_caches(scenario: Scenario, **overrides: Any) -> list[LayerCache]:
 
 def backend_for(entry: BackendEntry, scenario: Scenario, **kwargs: Any) -> Any:
     """A new instance of ``entry`` for the scenario's heads, scale and DP rank."""
+    heads = HeadConfig(
+        scenario.num_heads, scenario.num_kv_heads, scenario.head_dim, scenario.softmax_scale
+    )
     return instantiate_backend(
         entry.cls,
-        num_heads=scenario.num_heads,
-        num_kv_heads=scenario.num_kv_heads,
-        head_dim=scenario.head_dim,
-        scale=scenario.softmax_scale,
+        heads,
         dp_config=DPBackendConfig(scenario.dp_size, scenario.dp_rank),
         name=entry.name,
         **(scenario.variant.constructor_kwargs(scenario.device) | kwargs),
