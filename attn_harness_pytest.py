@@ -506,33 +506,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def _save_coverage(config: pytest.Config, run: ConformanceSession) -> None:
-    """The tally as JSON next to the JUnit file, and as its test-suite properties."""
+    """The tally as JSON next to the JUnit file (the suite's conftest also writes it into
+    the JUnit report, through pytest's ``record_testsuite_property``)."""
     data = run.coverage_json()
     if data is None:
         return
     path = _coverage_json_path(config)
     if path is not None:
         write_json_atomically(path, data)
-    try:
-        from _pytest.junitxml import xml_key  # what record_testsuite_property uses
-    except ImportError:  # pragma: no cover - a future pytest without it
-        return
-    xml = config.stash.get(xml_key, None)
-    if xml is None:
-        return
-    for name, backend in data["backends"].items():
-        xml.add_global_property(f"coverage[{name}].examples", backend["examples"])
-        for dimension, counts in backend["dimensions"].items():
-            cells = "; ".join(f"{label}={n}" for label, n in counts.items())
-            xml.add_global_property(f"coverage[{name}].{dimension}", cells)
-        if backend["stateful"].get("runs"):
-            stateful = backend["stateful"]
-            xml.add_global_property(
-                f"coverage[{name}].stateful",
-                f"runs={stateful['runs']} steps_median={stateful['steps_median']} "
-                f"steps_p10={stateful['steps_p10']}",
-            )
-        if backend["never_checked"]:
-            xml.add_global_property(
-                f"coverage[{name}].never_checked", "; ".join(backend["never_checked"])
-            )

@@ -177,13 +177,14 @@ def _browser(session: nox.Session, target: str) -> None:
 def checks(session: nox.Session) -> None:
     """What CI runs after the tests, in one environment (one install instead of five).
 
-    The main job with the ``kill`` profile's conformance (20 examples per property
-    instead of 100: the full ``ci`` profile is ``nox -s run``; the tests already hold
-    every built-in to the suite), the benchmarks and the report; the gate against
-    the committed baseline; the report in headless Chromium; lint; types.
+    The main job (every built-in's conformance under the ``ci`` profile, the
+    benchmarks, the report); the gate against the committed baseline; the report in
+    headless Chromium; lint; types. (The ``kill`` profile's fewer examples would save
+    minutes here, but its draws reach a float32 case where the correct ``flex`` ends
+    at 1.00x the bound: a false alarm to fix in the bound first.)
     """
     session.install(*CONSTRAINTS, "-e", ".[triton,browser,dev]")
-    _main_job(session, "--profile", "kill")
+    _main_job(session)
     _gate(session)
     _browser(session, f"{RUN_DIR}/report")
     _lint(session)

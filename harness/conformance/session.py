@@ -286,6 +286,31 @@ class ConformanceSession:
             "backends": self.coverage.as_json(self.wanted()),
         }
 
+    def junit_properties(self) -> list[tuple[str, str]]:
+        """The tally as the JUnit report's test-suite properties: ``coverage[NAME].DIM``."""
+        data = self.coverage_json()
+        if data is None:
+            return []
+        properties = []
+        for name, backend in data["backends"].items():
+            properties.append((f"coverage[{name}].examples", str(backend["examples"])))
+            for dimension, counts in backend["dimensions"].items():
+                cells = "; ".join(f"{label}={n}" for label, n in counts.items())
+                properties.append((f"coverage[{name}].{dimension}", cells))
+            stateful = backend["stateful"]
+            if stateful.get("runs"):
+                properties.append(
+                    (
+                        f"coverage[{name}].stateful",
+                        f"runs={stateful['runs']} steps_median={stateful['steps_median']} "
+                        f"steps_p10={stateful['steps_p10']}",
+                    )
+                )
+            if backend["never_checked"]:
+                never = "; ".join(backend["never_checked"])
+                properties.append((f"coverage[{name}].never_checked", never))
+        return properties
+
     # -- the lines a run ends with -------------------------------------------------------
 
     def coverage_lines(self, full: bool) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -20,6 +20,7 @@ from attn_harness_pytest import (
     keep_hypothesis_files_out_of_the_working_directory,
     profile_for,
     record_examples,
+    session,
 )
 from harness.conformance.claim_coverage import claim_summary
 from harness.conformance.properties import PropertyFailure
@@ -72,6 +73,17 @@ Read when pytest imports the suite's modules, which it does inside the run,
 after the plugin has read the command line; everything else here asks the
 plugin when a test runs (``current_device()``, ``current_profile()``).
 """
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _coverage_in_the_junit_report(
+    request: pytest.FixtureRequest, record_testsuite_property: Callable[[str, object], None]
+) -> Iterator[None]:
+    """After the last test, the coverage tally as the JUnit report's test-suite properties
+    (a no-op without ``--junitxml``)."""
+    yield
+    for name, value in session(request.config).junit_properties():
+        record_testsuite_property(name, value)
 
 
 @pytest.fixture(autouse=True)
