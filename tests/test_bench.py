@@ -11,7 +11,6 @@ import json
 import statistics
 from pathlib import Path
 
-import numpy as np
 import pytest
 from torch.nn.attention.bias import CausalBias
 
@@ -54,18 +53,6 @@ def _isolated(monkeypatch):
     monkeypatch.setattr(registry, "_DEFAULT", BackendRegistry())
 
 
-def ratio_ci_by_hand(top, bottom, confidence=0.95, resamples=2000, seed=0):
-    """The documented interval re-derived: both sample sets resampled on their own, one seed."""
-    rng = np.random.default_rng(seed)
-    top, bottom = np.asarray(top, dtype=float), np.asarray(bottom, dtype=float)
-    tops = np.median(top[rng.integers(0, top.size, size=(resamples, top.size))], axis=1)
-    bottoms = np.median(bottom[rng.integers(0, bottom.size, size=(resamples, bottom.size))], axis=1)
-    tail = (1 - confidence) / 2 * 100
-    low, high = np.percentile(tops / bottoms, [tail, 100 - tail])
-    point = statistics.median(top) / statistics.median(bottom)
-    return [min(low, point), max(high, point)]
-
-
 def entry(cls: type, name: str | None = None) -> BackendEntry:
     return BackendEntry(name or cls.__name__, cls, "test")
 
@@ -77,7 +64,7 @@ def by_backend(record, name):
 # -- the runner ----------------------------------------------------------------------
 
 
-def test_builtins_pass_every_tiny_case_with_peer_metrics_and_raw_samples():
+def test_builtins_pass_every_tiny_case_with_peer_metrics_and_raw_samples(ratio_ci_by_hand):
     record = run_benchmarks(
         [entry(SdpaBackend, "sdpa"), entry(ReferenceBackend, "ref")], [TINY], CONFIG
     )

@@ -16,7 +16,6 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import matplotlib
-import numpy as np
 import pytest
 
 import harness.report as report
@@ -31,18 +30,6 @@ BENCH = DATA / "bench.json"
 HOSTILE = "<script>alert(1)</script>"
 QUOTES = "\"&'"
 MATH = "$\\nocommand{$ | `tick` \n next"  # mathtext that cannot parse, table and code breakers
-
-
-def ratio_ci_by_hand(top, bottom, confidence=0.95, resamples=2000, seed=0) -> list[float]:
-    """The documented interval re-derived: both sample sets resampled on their own, one seed."""
-    rng = np.random.default_rng(seed)
-    top, bottom = np.asarray(top, dtype=float), np.asarray(bottom, dtype=float)
-    tops = np.median(top[rng.integers(0, top.size, size=(resamples, top.size))], axis=1)
-    bottoms = np.median(bottom[rng.integers(0, bottom.size, size=(resamples, bottom.size))], axis=1)
-    tail = (1 - confidence) / 2 * 100
-    low, high = np.percentile(tops / bottoms, [tail, 100 - tail])
-    point = statistics.median(top) / statistics.median(bottom)
-    return [min(float(low), point), max(float(high), point)]
 
 
 def bench_data() -> dict:
@@ -264,7 +251,7 @@ def test_markdown_table_keeps_its_columns_with_hostile_names(tmp_path):
     assert all(line.count("`") == line.count("\\`") for line in lines)
 
 
-def test_statistics_come_from_samples_not_stored_summaries(tmp_path):
+def test_statistics_come_from_samples_not_stored_summaries(tmp_path, ratio_ci_by_hand):
     data = bench_data()
     backend = next(c for c in data["cases"] if c["backend"] == "sdpa")
     backend["metrics"]["ratio_to_peer"] = 999.0
