@@ -19,7 +19,11 @@ correct computation of that kind has these sources of error, each charged:
 * fp32 rounding of the logits: a relative error ``u32`` on a logit of
   magnitude ``s`` moves its weight by ``exp(u32 s)``, and the output by at
   most ``2 u32 s`` times the largest value norm (``logit_scale`` is the worst
-  ``s``, from ``|q|.|k|`` so cancellation cannot hide it);
+  ``s``, from ``|q|.|k|`` so cancellation cannot hide it). A logit is itself
+  an fp32 sum of ``D`` products, whose error grows like ``sqrt(D) u32`` (as
+  the sums over keys below), so the term is ``2 sqrt(D / 16) u32 s`` for head
+  dims above 16: without it a correct FlexAttention at D=256 in fp32 reached
+  1.10x the bound on a many-sequence step;
 * fp32 accumulation of P.V and of the softmax's sum over the ``n`` keys a
   token sees: each sum's rounding error grows like ``sqrt(n) u32`` times the
   largest value norm (the probabilistic bound of Higham and Mary, 2019, at
@@ -35,11 +39,12 @@ correct computation of that kind has these sources of error, each charged:
   the same (token, head).
 
 So ``bound = 4 e_naive + max(u (4 ||o|| + 6 rounding_scale), sqrt(n) u32 value_scale)
-+ 2 u32 value_scale logit_scale``. The factors leave a correct computation at a quarter of the
-bound or less (``python -m harness.numerics.discrimination`` measures it), while an
-all-zeros output, uniform attention, a wrong GQA head map, a 10% scale
-error, one skipped page, one dropped key or a causal mask off by one fails
-in bf16 and fp16 at 1k-4k contexts. Logits rounded to bf16 before the
++ 2 sqrt(max(D, 16) / 16) u32 value_scale logit_scale``. The factors leave a correct
+computation at a quarter of the bound or less (``python -m
+harness.numerics.discrimination`` measures it), while an all-zeros output,
+uniform attention, a wrong GQA head map, a 10% scale error, one skipped page,
+one dropped key or a causal mask off by one fails in bf16 and fp16 at 1k-4k
+contexts. Logits rounded to bf16 before the
 softmax are not modelled: no production kernel keeps them in 16 bits.
 
 Variants keep the same bound, with what they add to a logit counted in
@@ -82,6 +87,7 @@ ROUNDING_FACTOR = 6.0
 ACCUMULATION_FACTOR = 1.0  # per sqrt(key) of the visible keys
 MIN_SUM_LENGTH = 16.0  # keys counted at least: 4 u32 value_scale, as short sums round too
 LOGIT_FACTOR = 2.0
+MIN_DOT_LENGTH = 16.0  # head dims counted at least: the logit term's sqrt(D / 16) growth
 ACCUMULATOR = torch.float32  # where production kernels keep logits, sums and accumulators
 
 
@@ -100,7 +106,9 @@ def error_bound(
     length = torch.full_like(oracle.value_scale, MIN_SUM_LENGTH) if keys is None else keys
     sums = length.clamp_min(MIN_SUM_LENGTH).sqrt()
     accumulation = u32 * ACCUMULATION_FACTOR * sums * oracle.value_scale
-    logits = u32 * LOGIT_FACTOR * oracle.value_scale * oracle.logit_scale
+    head_dim = max(float(oracle.output.shape[-1]), MIN_DOT_LENGTH)
+    dot = (head_dim / MIN_DOT_LENGTH) ** 0.5  # a logit's fp32 sum over the head dim
+    logits = u32 * LOGIT_FACTOR * dot * oracle.value_scale * oracle.logit_scale
     return NAIVE_FACTOR * naive_error + torch.maximum(rounding, accumulation) + logits
 
 
