@@ -48,7 +48,7 @@ def fail(prop: str, entry: BackendEntry, scenario: Scenario | None, detail: str)
     return PropertyFailure(f"{prop} violated by backend {entry.name!r}{where}\n  {detail}")
 
 
-def _call(
+def call_backend(
     prop: str,
     entry: BackendEntry,
     scenario: Scenario,
@@ -72,17 +72,19 @@ def bound_backend(
 ) -> Any:
     """A new backend for ``inputs``' rank, bound to its caches and (by default) prepared."""
     s = inputs.scenario
-    backend = _call(prop, entry, s, backend_for, entry, s)
-    _call(prop, entry, s, backend.bind_kv_caches, inputs.caches)
+    backend = call_backend(prop, entry, s, backend_for, entry, s)
+    call_backend(prop, entry, s, backend.bind_kv_caches, inputs.caches)
     if prepare:
-        _call(prop, entry, s, backend.prepare, inputs.step.metadata, graph_mode=s.graph_mode)
+        call_backend(prop, entry, s, backend.prepare, inputs.step.metadata, graph_mode=s.graph_mode)
     return backend
 
 
 def forward_layer(
     prop: str, entry: BackendEntry, inputs: StepInputs, backend: Any, layer: int
 ) -> torch.Tensor:
-    return _call(prop, entry, inputs.scenario, backend.forward, *inputs.forward_args(layer), layer)
+    return call_backend(
+        prop, entry, inputs.scenario, backend.forward, *inputs.forward_args(layer), layer
+    )
 
 
 def run_step(prop: str, entry: BackendEntry, inputs: StepInputs) -> list[torch.Tensor]:
@@ -94,7 +96,7 @@ def run_step(prop: str, entry: BackendEntry, inputs: StepInputs) -> list[torch.T
     ]
 
 
-def _assert_oracle(
+def assert_matches_oracle(
     prop: str, entry: BackendEntry, inputs: StepInputs, outputs: list[torch.Tensor]
 ) -> None:
     s = inputs.scenario
@@ -169,7 +171,7 @@ def check_partition_respected(entry: BackendEntry, ranks: Sequence[Scenario]) ->
 
 def check_matches_oracle(entry: BackendEntry, scenario: Scenario) -> None:
     inputs = make_step_inputs(scenario)
-    _assert_oracle(
+    assert_matches_oracle(
         "outputs match the oracle",
         entry,
         inputs,
@@ -196,7 +198,7 @@ def _run_ranks_together(
 def check_every_rank_matches_oracle(entry: BackendEntry, ranks: Sequence[Scenario]) -> None:
     prop = "every rank matches the oracle"
     for inputs, outputs in _run_ranks_together(prop, entry, ranks):
-        _assert_oracle(prop, entry, inputs, outputs)
+        assert_matches_oracle(prop, entry, inputs, outputs)
 
 
 def real_rows(inputs: StepInputs) -> torch.Tensor:
@@ -245,7 +247,7 @@ def check_large_pool_step(entry: BackendEntry, scenario: Scenario) -> None:
     inputs = large_pool_inputs(scenario)
     before = watched_snapshot(inputs)
     outputs = run_step(prop, entry, inputs)
-    _assert_oracle(prop, entry, inputs, outputs)
+    assert_matches_oracle(prop, entry, inputs, outputs)
     mapped = {slot for slot in inputs.step.metadata.slot_mapping.tolist() if slot != -1}
     for layer, changed in enumerate(changed_watched_slots(inputs, before)):
         if changed != mapped:
@@ -298,7 +300,7 @@ def check_inputs_unmodified(entry: BackendEntry, scenario: Scenario) -> None:
     for layer in range(scenario.num_layers):
         args = inputs.forward_args(layer)
         copies = [bits(t) for t in args]
-        output = _call(prop, entry, scenario, backend.forward, *args, layer)
+        output = call_backend(prop, entry, scenario, backend.forward, *args, layer)
         for name, tensor, copy in zip(("query", "key", "value"), args, copies, strict=True):
             if not torch.equal(bits(tensor), copy):
                 raise fail(prop, entry, scenario, f"forward(layer {layer}) modified {name}")
@@ -328,10 +330,10 @@ def _assert_same_within_bound(
     out_a: list[torch.Tensor],
     out_b: list[torch.Tensor],
 ) -> None:
-    _assert_oracle(prop, entry, a, out_a)
+    assert_matches_oracle(prop, entry, a, out_a)
     s = a.scenario
     for layer, (x, y) in enumerate(zip(out_a, out_b, strict=True)):
-        exact, naive = a.reference(layer)  # computed once, in _assert_oracle
+        exact, naive = a.reference(layer)  # computed once, in assert_matches_oracle
         bound = error_bound(exact, (naive.double() - exact.output).norm(dim=-1), s.dtype)
         diff = (x.detach().cpu().double() - y.detach().cpu().double()).norm(dim=-1)
         over = (diff > bound) & exact.checked[:, None]
@@ -381,14 +383,14 @@ def check_lse_matches_oracle(entry: BackendEntry, scenario: Scenario) -> None:
     backend = bound_backend(prop, entry, inputs)
     outputs, lses = [], []
     for layer in range(scenario.num_layers):
-        result = _call(
+        result = call_backend(
             prop, entry, scenario, backend.forward_with_lse, *inputs.forward_args(layer), layer
         )
         if not isinstance(result, tuple) or len(result) != 2:
             raise fail(prop, entry, scenario, f"returned {type(result).__name__}, not (out, lse)")
         outputs.append(result[0])
         lses.append(result[1])
-    _assert_oracle(prop, entry, inputs, outputs)
+    assert_matches_oracle(prop, entry, inputs, outputs)
     tokens, heads = scenario_tokens(inputs), scenario.num_heads
     for layer, lse in enumerate(lses):
         if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (tokens, heads):
@@ -432,7 +434,7 @@ def check_out_buffer_is_the_result(entry: BackendEntry, scenario: Scenario, stri
         )
         buffer = wide[..., 1 : 1 + query.shape[-1] * width : width]
         before = bits(wide)
-        result = _call(
+        result = call_backend(
             prop, entry, scenario, backend.forward, *inputs.forward_args(layer), layer, out=buffer
         )
         if result is not buffer and not (
@@ -446,4 +448,4 @@ def check_out_buffer_is_the_result(entry: BackendEntry, scenario: Scenario, stri
         if not torch.equal(bits(wide)[outside.cpu()], before[outside.cpu()]):
             raise fail(prop, entry, scenario, f"layer {layer}: wrote outside the out buffer")
         outputs.append(buffer.clone())
-    _assert_oracle(prop, entry, inputs, outputs)
+    assert_matches_oracle(prop, entry, inputs, outputs)

@@ -18,7 +18,13 @@ from typing import Any
 
 import torch
 
-from harness.conformance.properties import _assert_oracle, _call, bound_backend, fail, run_step
+from harness.conformance.properties import (
+    assert_matches_oracle,
+    bound_backend,
+    call_backend,
+    fail,
+    run_step,
+)
 from harness.core.errors import Unsupported
 from harness.core.kv_pages import PoolLayout, dp_page_range, pages_needed
 from harness.core.registry import BackendEntry
@@ -151,7 +157,7 @@ def check_stale_block_table_entries_ignored(entry: BackendEntry, scenario: Scena
             table[row, column] = stale[int(torch.randint(len(stale), (1,), generator=picker))]
     stale_step = replace(inputs.step, metadata=replace(metadata, block_table=table))
     stale_inputs = replace(inputs, step=stale_step)
-    _assert_oracle(prop, entry, stale_inputs, run_step(prop, entry, stale_inputs))
+    assert_matches_oracle(prop, entry, stale_inputs, run_step(prop, entry, stale_inputs))
 
 
 def check_bind_rejects_unbound_range(entry: BackendEntry, scenario: Scenario) -> None:
@@ -160,7 +166,7 @@ def check_bind_rejects_unbound_range(entry: BackendEntry, scenario: Scenario) ->
     other = (scenario.dp_rank + 1) % scenario.dp_size
     s = replace(scenario, layout=PoolLayout.PER_RANK)
     caches = scenario_caches(s, dp_rank=other)
-    backend = _call(prop, entry, s, backend_for, entry, s)
+    backend = call_backend(prop, entry, s, backend_for, entry, s)
     if dp_page_range(s.total_pages, s.dp_size, other) != dp_page_range(
         s.total_pages, s.dp_size, s.dp_rank
     ):

@@ -54,7 +54,7 @@ from harness.core.contract import capabilities_of
 from harness.core.dtypes import dtype_name
 from harness.core.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from harness.core.registry import BackendEntry, default_registry
-from harness.gpu.graph_steps import SHAPES, GraphShape, _Step
+from harness.gpu.graph_steps import SHAPES, GraphShape, GraphStep
 from harness.numerics.canary import bits, snapshot
 from harness.numerics.tolerance import Comparison
 
@@ -159,7 +159,7 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize(torch.device(device))
 
 
-def check_shape(entry: BackendEntry, step: _Step) -> ShapeResult:
+def check_shape(entry: BackendEntry, step: GraphStep) -> ShapeResult:
     """Steps 1-3 of the module docstring for one backend on one prepared shape."""
     result = ShapeResult(step.shape.name, PASS)
     started = time.monotonic()
@@ -175,7 +175,7 @@ def check_shape(entry: BackendEntry, step: _Step) -> ShapeResult:
     return result
 
 
-def _check_shape(entry: BackendEntry, step: _Step, result: ShapeResult) -> None:
+def _check_shape(entry: BackendEntry, step: GraphStep, result: ShapeResult) -> None:
     is_cuda = torch.device(step.device).type == "cuda"
     args = step.forward_args()
     step.restore()
@@ -287,7 +287,7 @@ def _summary(results: list[ShapeResult]) -> str:
     return ", ".join(parts)
 
 
-def check_backend(entry: BackendEntry, steps: Sequence[_Step]) -> BackendResult:
+def check_backend(entry: BackendEntry, steps: Sequence[GraphStep]) -> BackendResult:
     """Every shape for one backend; skipped where the step lies outside its claim."""
     step0 = steps[0]
     try:
@@ -351,7 +351,7 @@ def run(
     ``done(results so far)`` runs after each backend, so a summary written
     there survives a run stopped before the end.
     """
-    steps = [_Step(shape, device, dtype) for shape in shapes]
+    steps = [GraphStep(shape, device, dtype) for shape in shapes]
     results: list[BackendResult] = []
     lost: str | None = None
     for entry in entries:

@@ -1,7 +1,7 @@
 """The steps the graph-mode check runs, and one step's buffers on the device.
 
 ``SHAPES`` are production-ish steps as an engine would capture them (bf16,
-32/8 heads, head dim 128, page 16, padded rows at the end). ``_Step`` holds
+32/8 heads, head dim 128, page 16, padded rows at the end). ``GraphStep`` holds
 one on the device with two contents for the same buffers, the checked step's
 and another's with the same metadata, so ``harness.gpu.graph_check`` can
 capture while the buffers hold one and replay on the other; it checks an
@@ -76,7 +76,7 @@ SHAPES: tuple[GraphShape, ...] = (
 )
 
 
-class _Step:
+class GraphStep:
     """One shape's inputs on the device, with the contents to load into them between runs.
 
     ``inputs`` is the step that is checked. ``other`` is the same step
