@@ -27,7 +27,7 @@ from harness.conformance.properties import (
 )
 from harness.core.errors import Unsupported
 from harness.core.kv_pages import PoolLayout, dp_page_range, pages_needed
-from harness.core.registry import BackendEntry
+from harness.core.registry import BackendEntry, HeadConfig
 from harness.numerics.canary import changed_slots, snapshot
 from harness.numerics.scenario import Scenario, backend_for, make_step_inputs, scenario_caches
 
@@ -198,20 +198,31 @@ BAD_CONSTRUCTOR_VALUES: tuple[tuple[str, dict[str, Any]], ...] = (
 )
 
 
-def check_constructor_rejects(entry: BackendEntry, field: str, changes: dict[str, Any]) -> None:
-    prop = "constructor rejects bad values"
-    args: dict[str, Any] = {"num_heads": 4, "num_kv_heads": 2, "head_dim": 8, "scale": 0.5}
-    if "dp_size" in changes and not entry.accepts_dp:
-        raise Unsupported("backend is not DP-aware")
+VALID_HEADS = HeadConfig(num_heads=4, num_kv_heads=2, head_dim=8, scale=0.5)
+"""Valid constructor values; each bad value below replaces one or two of them."""
+
+
+def _expect_constructor_error(
+    prop: str, entry: BackendEntry, changes: dict[str, Any], name: str, filled: dict[str, Any]
+) -> None:
+    """The constructor given ``filled`` over valid values raises a ``ValueError`` naming
+    ``name`` (``changes``: the bad values as the table writes them)."""
     try:
-        entry.cls(**(args | changes))
+        entry.cls(**(VALID_HEADS.kwargs() | filled))
     except ValueError as exc:
-        if field not in str(exc):
+        if name not in str(exc):
             raise fail(
-                prop, entry, None, f"{changes}: ValueError does not name {field!r}: {exc}"
+                prop, entry, None, f"{changes}: ValueError does not name {name!r}: {exc}"
             ) from exc
         return
-    raise fail(prop, entry, None, f"{changes} accepted without ValueError")
+    raise fail(prop, entry, None, f"{filled} accepted without ValueError")
+
+
+def check_constructor_rejects(entry: BackendEntry, field: str, changes: dict[str, Any]) -> None:
+    if "dp_size" in changes and not entry.accepts_dp:
+        raise Unsupported("backend is not DP-aware")
+    prop = "constructor rejects bad values"
+    _expect_constructor_error(prop, entry, changes, field, changes)
 
 
 BAD_VARIANT_VALUES: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -251,18 +262,9 @@ def check_variant_constructor_rejects(
     """A claimed variant's bad value is a ``ValueError`` naming the keyword."""
     prop = "constructor rejects bad variant values"
     fp8 = [d for d in entry.capabilities.kv_cache_dtypes if d != "auto"]
-    args: dict[str, Any] = {"num_heads": 4, "num_kv_heads": 2, "head_dim": 8, "scale": 0.5}
     filled = dict(changes)
     if filled.get("kv_cache_dtype") == "fp8":
         filled["kv_cache_dtype"] = fp8[0]
     if filled.get(keyword) == "wrong-shape":
         filled[keyword] = torch.zeros(3)  # num_heads is 4
-    try:
-        entry.cls(**(args | filled))
-    except ValueError as exc:
-        if keyword not in str(exc):
-            raise fail(
-                prop, entry, None, f"{changes}: ValueError does not name {keyword!r}: {exc}"
-            ) from exc
-        return
-    raise fail(prop, entry, None, f"{filled} accepted without ValueError")
+    _expect_constructor_error(prop, entry, changes, keyword, filled)
