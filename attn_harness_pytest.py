@@ -347,12 +347,15 @@ def replayable(test: Any) -> Any:
     Tests that build their ``@given`` function at run time wrap it with this;
     top-level ``@given`` tests get the same from ``pytest_runtest_call``.
     """
-    replay = current_replay()
+    return _replaying(test, current_replay())
+
+
+def _replaying(test: Any, replay: tuple[str, bytes] | None) -> Any:
     if replay is None:
         return test
     from hypothesis import reproduce_failure
 
-    return reproduce_failure(replay[0], replay[1])(test)
+    return reproduce_failure(*replay)(test)
 
 
 # -- hooks that follow the run ---------------------------------------------------------------
@@ -409,11 +412,7 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
 
         fewer = Profile.scaled_examples(own_settings.max_examples)
         setattr(test, settings_attribute, settings(own_settings, max_examples=fewer))
-    replay = run.replay_blob()
-    if replay is not None:
-        from hypothesis import reproduce_failure
-
-        reproduce_failure(*replay)(test)
+    _replaying(test, run.replay_blob())
     try:
         yield
     finally:
