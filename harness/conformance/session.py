@@ -373,8 +373,10 @@ class ConformanceSession:
             )
         return problems
 
-    def problem_lines(self) -> list[str]:
-        return [f"attn-harness: {what}: {meaning}" for what, meaning in self.problems()]
+    def problem_lines(self, problems: list[tuple[str, str]] | None = None) -> list[str]:
+        """``problems`` (default: this run's) as the lines the run ends with."""
+        found = self.problems() if problems is None else problems
+        return [f"attn-harness: {what}: {meaning}" for what, meaning in found]
 
     def verdict_lines(self) -> list[str]:
         """The verdict table (backend x property) and one entry per failure."""
@@ -401,5 +403,5 @@ class ConformanceSession:
         if self.coverage is not None:
             coverage.append(f"  ({full})")
         lines = [*self.verdict_lines(), "", *coverage]
-        lines += [f"attn-harness: {what}: {meaning}" for what, meaning in problems]
+        lines += self.problem_lines(problems)
         return [*lines, closing_line(self.verdicts, seconds, [what for what, _ in problems])]
