@@ -238,3 +238,25 @@ def test_grouped_heads_match_a_per_head_computation():
         )
         torch.testing.assert_close(result.output[:, head], alone.output[:, 0], rtol=0, atol=1e-14)
         torch.testing.assert_close(result.rounding_scale[:, head], alone.rounding_scale[:, 0])
+
+
+def test_the_logit_term_grows_with_the_root_of_the_head_dim():
+    """A logit is an fp32 sum over D products: its term is 2 sqrt(D/16) u32 v_max s_max,
+    D counted at least 16 (a correct flex at D=256 in fp32 reached 1.10x without it)."""
+    from harness.numerics.oracle import OracleOutput
+
+    u32 = 2.0**-24
+
+    def bound(head_dim: int) -> float:
+        exact = OracleOutput(
+            output=torch.zeros(1, 1, head_dim, dtype=torch.float64),  # no rounding term
+            value_scale=torch.full((1, 1), 3.0, dtype=torch.float64),
+            logit_scale=torch.full((1, 1), 50.0, dtype=torch.float64),
+            rounding_scale=torch.zeros(1, 1, dtype=torch.float64),
+            checked=torch.ones(1, dtype=torch.bool),
+        )
+        return float(error_bound(exact, torch.zeros(1, 1, dtype=torch.float64), torch.float32))
+
+    sums = 4 * u32 * 3.0  # sqrt(16) u32 v_max: one key counted as 16
+    for head_dim, root in ((4, 1.0), (16, 1.0), (64, 2.0), (256, 4.0)):
+        assert bound(head_dim) == pytest.approx(sums + 2 * root * u32 * 3.0 * 50.0, rel=1e-12)
