@@ -91,3 +91,30 @@ def ratio_ci_by_hand():
         return [min(float(low), point), max(float(high), point)]
 
     return ratio_ci_by_hand
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Say so when ``--dist loadgroup`` cannot group: the tests still pass, only slower.
+
+    pytest-xdist groups a test by renaming its node id on the worker; a pytest that
+    keeps node ids elsewhere drops the new name silently, and then every worker
+    computes the shared fixtures (the kill matrix, the discrimination tables) itself.
+    """
+    if not getattr(session.config.option, "loadgroup", False):  # set on xdist's workers
+        return
+    lost = [
+        item.nodeid
+        for item in session.items
+        if item.get_closest_marker("xdist_group") and "@" not in item.nodeid.rpartition("]")[2]
+    ]
+    if lost and os.environ.get("PYTEST_XDIST_WORKER") == "gw0":
+        import warnings
+
+        warnings.warn(
+            pytest.PytestWarning(
+                f"--dist loadgroup does not group on pytest {pytest.__version__} "
+                f"({len(lost)} grouped tests, e.g. {lost[0]}): each worker computes the "
+                "shared fixtures itself. Install with -c constraints.txt (pins pytest)."
+            ),
+            stacklevel=1,
+        )

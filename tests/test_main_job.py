@@ -15,7 +15,10 @@ from harness.core.registry import BackendEntry
 from harness.results.store import load_results
 from reference_backends.reference import ReferenceBackend
 
-MUTANT = "suites/mutants/backends.py:IgnoresPageOffset"
+# Fails every property at its first example (it refuses the valid steps it claims), so
+# the job's failure path runs in seconds; a wrong answer failing conformance is
+# tests/test_conform.py's and tests/test_mutants.py's.
+FAILING = "tests/fixtures/conform_backends.py:RefusesEverything"
 
 
 def test_the_slowest_backend_starts_first() -> None:
@@ -117,12 +120,12 @@ def test_a_failing_backend_fails_the_job_and_is_still_reported(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "run"
-    code = main(["run", "--backend", MUTANT, "--profile", "kill", "--no-bench", "--out", str(out)])
+    code = main(["run", "--backend", FAILING, "--profile", "kill", "--no-bench", "--out", str(out)])
     printed = capsys.readouterr().out
     assert code == 1
-    assert f"conformance FAILED for {MUTANT}" in printed
+    assert f"conformance FAILED for {FAILING}" in printed
     page = (out / "report" / "index.html").read_text()
-    assert "IgnoresPageOffset" in page
+    assert "RefusesEverything" in page
 
 
 def test_an_unwritable_out_folder_is_a_usage_error(

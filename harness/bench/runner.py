@@ -63,6 +63,7 @@ from harness.bench.timing import (
     TimingConfig,
     device_type,
     fixed_threads,
+    long_lived_objects_frozen,
     measure,
     timer_overhead,
 )
@@ -362,8 +363,9 @@ def run_benchmarks(
             progress or (lambda done, total, label: None),
             total=len(plan) * (len(backends) + 1),
         )
-        for workload, spec in plan:
-            runner.run_case(workload, spec, backends)
+        with long_lived_objects_frozen():
+            for workload, spec in plan:
+                runner.run_case(workload, spec, backends)
     return RunRecord(
         created=_now(),
         tool={"name": "attn-harness bench", "version": __version__, "command": list(command or [])},
