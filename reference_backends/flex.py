@@ -52,8 +52,10 @@ CPU works too, ``compiled=True``, but costs 10-20 s per configuration).
 * The eager path (``math_attention``) ignores block sparsity, materialises
   ``[B, H, q, keys]`` scores and costs ~30 ms a call at any size (it vmaps
   ``mask_mod`` through fx graphs). So eager calls pack consecutive rows
-  into one batch entry while the scores stay under ``EAGER_SCORES``, cut a
-  long row into query ranges, and read only the keys their rows need.
+  into one batch entry while that adds fewer scores than a call of the row's
+  own would cost (``EAGER_CALL_SCORES``) and the scores stay under
+  ``EAGER_SCORES``, cut a long row into query ranges, and read only the keys
+  their rows need.
 
 Capabilities: everything the contract names (every float dtype, page size
 and head dim, graph-mode padding, non-causal, any DP size) on CPU and CUDA;
@@ -79,6 +81,7 @@ from harness.core.validate import CacheGeometry, CheckedMetadata
 
 BLOCK = 128  # flex's default sparse block size, for queries and keys
 EAGER_SCORES = 1 << 24  # most scores one eager call materialises (B * H * q * keys)
+EAGER_CALL_SCORES = 1 << 20  # an eager call's fixed cost in scores computed (~30 ms on a CPU)
 MIN_COMPILED_HEAD_DIM = 16  # Triton's tl.dot needs at least 16 columns
 RECOMPILE_LIMIT = 64  # graphs of compiled flex_attention kept before dynamo gives up
 
@@ -164,21 +167,30 @@ def _compiled_calls(rows: list[_Row]) -> list[list[_Entry]]:
 def _eager_calls(rows: list[_Row], num_heads: int) -> list[list[_Entry]]:
     """Calls of one packed entry each, of at most about ``EAGER_SCORES`` scores.
 
-    The eager path costs ~30 ms a call whatever its size (it vmaps the mask
-    through fx graphs), so rows go together while the ``[H, q, keys]`` scores
-    stay small, and a long row is cut into query ranges.
+    The eager path computes every score of an entry, ``[H, tokens, span]`` with
+    ``span`` from the first row's keys to the last one's, and costs ~30 ms a call
+    whatever its size (it vmaps the mask through fx graphs). So a row joins the
+    entry while that costs fewer scores than a call of its own would
+    (``EAGER_CALL_SCORES`` plus its own scores): many decodes share a call, and
+    many short prefills are not packed into one near-empty square (128 prefills
+    of 64 tokens in one entry are 128x the scores they need). A long row is cut
+    into query ranges.
     """
     calls: list[list[_Entry]] = []
     entry: _Entry = []
-    tokens = 0
+    tokens = span = 0
     for row in rows:
         step = max(1, EAGER_SCORES // (num_heads * row.length))
         for offset in range(0, row.q_len, step):
             count = min(step, row.q_len - offset)
+            if entry:
+                joined = row.lo + row.length - entry[0][0].lo
+                added = ((tokens + count) * joined - tokens * span) * num_heads
+                alone = count * row.length * num_heads + EAGER_CALL_SCORES
+                if added > alone or (tokens + count) * joined * num_heads > EAGER_SCORES:
+                    calls.append([entry])
+                    entry, tokens = [], 0
             span = row.lo + row.length - (entry[0][0].lo if entry else row.lo)
-            if entry and (tokens + count) * span * num_heads > EAGER_SCORES:
-                calls.append([entry])
-                entry, tokens = [], 0
             entry.append((row, offset, count))
             tokens += count
     if entry:
