@@ -142,6 +142,39 @@ def test_eager_calls_are_cut_small(monkeypatch):
     run(replace(scenario, causal=False))
 
 
+def _dense_scores(call: list[flex._Entry], num_heads: int) -> int:
+    """Scores the eager path computes for a call: every token against the entry's key span."""
+    (entry,) = call
+    tokens = sum(count for _, _, count in entry)
+    span = entry[-1][0].lo + entry[-1][0].length - entry[0][0].lo
+    return tokens * span * num_heads
+
+
+def _rows(shapes: list[tuple[int, int]]) -> list[flex._Row]:
+    """Consecutive rows of ``(query tokens, keys)``, keys packed back to back."""
+    rows, start, lo = [], 0, 0
+    for q_len, length in shapes:
+        rows.append(flex._Row(start, q_len, length, lo))
+        start, lo = start + q_len, lo + length
+    return rows
+
+
+def test_eager_calls_pack_decodes_but_not_many_prefills_into_one_square():
+    heads = 8
+    prefills = _rows([(64, 64)] * 128)  # one step's worth of short prompts
+    calls = flex._eager_calls(prefills, heads)
+    needed = sum(r.q_len * r.length * heads for r in prefills)
+    computed = sum(_dense_scores(c, heads) for c in calls)
+    # The n-th row joining adds about 2n x its own scores, so about 16 rows share an
+    # entry (16x what they need, against 21x when only EAGER_SCORES capped an entry,
+    # and 128x in a single entry): the cost of the scores balances the calls'.
+    assert computed <= 17 * needed
+    assert len(calls) < len(prefills) / 4  # still far fewer calls than rows
+    decodes = _rows([(1, 4096)] * 64)
+    assert len(flex._eager_calls(decodes, heads)) <= 8  # decodes share calls
+    assert all(_dense_scores(c, heads) <= flex.EAGER_SCORES for c in calls)
+
+
 @pytest.mark.usefixtures("compiled_as_eager")
 @pytest.mark.parametrize("causal", [True, False])
 def test_compiled_layout(causal):
