@@ -447,6 +447,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         return
     item.user_properties.append(("backend", entry.name))  # kept in --junitxml
     run = session(item.config)
+    if run.replay is not None and report.failed and _replay_passed(call.excinfo):
+        report.outcome, report.longrepr = "passed", None  # the fix held: green, not red
+        report.sections.append(("replay", "the replayed example passes now: the fix held"))
+        run.replay_held = True
     module = getattr(item, "module", None)
     function = getattr(item, "originalname", item.name)
     run.record_outcome(entry.name, getattr(module, "__name__", None), function, report.outcome)
@@ -456,6 +460,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.sections.append(
             ("replay", f"backend {entry.name!r}, property {function}:\n  {failure.replay}")
         )
+
+
+def _replay_passed(excinfo: pytest.ExceptionInfo[BaseException] | None) -> bool:
+    """The replayed example ran to the end without failing (not: its data no longer fits).
+
+    Hypothesis's ``reproduce_failure`` raises ``DidNotReproduce`` in both cases; only
+    the first says the test completed.
+    """
+    from hypothesis.errors import DidNotReproduce
+
+    if excinfo is None or not isinstance(excinfo.value, DidNotReproduce):
+        return False
+    return "completed successfully" in str(excinfo.value)
 
 
 def _failure(item: pytest.Item, run: ConformanceSession, backend: str, excinfo: Any) -> Any:

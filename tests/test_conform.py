@@ -141,8 +141,24 @@ def test_replay_that_no_longer_fails_says_so(conform):
     token = shlex.split(replay.split("replay:", 1)[1])[-1]
     fixed = token.replace(f"{FIXTURES}:OffByOneScale", "reference")
     result = conform("--backend", "reference", "--replay", fixed)
-    assert result.returncode == EXIT_FAILED
-    assert "DidNotReproduce" in result.stdout
+    assert result.returncode == EXIT_OK, result.stdout[-2000:]
+    last = result.stdout.splitlines()[-1]
+    assert "PASSED: the replayed example of test_outputs_match_oracle" in last
+    assert "passes now (the fix held)" in last
+    assert "DidNotReproduce" not in result.stdout
+
+
+def test_replay_whose_data_no_longer_fits_the_test_still_fails(conform):
+    """A blob the test cannot draw its example from (a changed strategy) is no pass."""
+    from hypothesis import __version__
+    from hypothesis.core import encode_failure
+
+    empty = encode_failure(()).decode()  # no choices: the first draw runs out of data
+    token = f"test_outputs_match_oracle[reference-float32]@{__version__}:{empty}"
+    result = conform("--backend", "reference", "--replay", token)
+    assert result.returncode == EXIT_FAILED, result.stdout[-2000:]
+    assert "the fix held" not in result.stdout
+    assert "The shape of the test data has changed" in result.stdout
 
 
 def test_bad_replay_values_are_usage_errors(conform):

@@ -163,9 +163,14 @@ def failure_lines(failure: Failure) -> list[str]:
     return lines
 
 
-def closing_line(verdicts: Verdicts, seconds: float, problems: list[str]) -> str:
+def closing_line(
+    verdicts: Verdicts, seconds: float, problems: list[str], replayed: str | None = None
+) -> str:
+    """The run's last line; ``replayed`` names a replayed test whose example passes now."""
     failed, tests = verdicts.count("failed"), verdicts.tests
-    if failed:
+    if replayed is not None and not failed and not problems:
+        verdict = f"PASSED: the replayed example of {replayed} passes now (the fix held)"
+    elif failed:
         names = sorted({f.backend for f in verdicts.failures}) or sorted(verdicts.outcomes)
         verdict = f"FAILED: {failed} of {_plural(tests, 'test')} failed ({', '.join(names)})"
     elif problems:

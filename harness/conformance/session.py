@@ -79,6 +79,7 @@ class ConformanceSession:
     modules: dict[str, set[str]] = field(default_factory=dict)  # backend -> modules run
     deselected: bool = False
     replay: tuple[str, str | None, bytes | None] | None = None
+    replay_held: bool = False  # the replayed example ran and passed: the fix held
     _profiles: dict[bool, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -404,4 +405,8 @@ class ConformanceSession:
             coverage.append(f"  ({full})")
         lines = [*self.verdict_lines(), "", *coverage]
         lines += self.problem_lines(problems)
-        return [*lines, closing_line(self.verdicts, seconds, [what for what, _ in problems])]
+        replayed = self.replay[0] if self.replay_held and self.replay is not None else None
+        return [
+            *lines,
+            closing_line(self.verdicts, seconds, [what for what, _ in problems], replayed),
+        ]
