@@ -217,6 +217,37 @@ def test_check_sdpa_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert "FAILED" not in out
 
 
+@pytest.mark.parametrize(("omp", "expected"), [(None, 1), ("2", 2)])
+def test_check_runs_torch_on_one_thread_unless_omp_says_otherwise(
+    monkeypatch: pytest.MonkeyPatch, omp: str | None, expected: int
+) -> None:
+    """As conform does: small steps on busy cores gain nothing from more threads."""
+    import torch
+
+    import harness.conformance.check_matrix as check_matrix
+    from harness.conformance.check_matrix import CaseResult
+
+    seen: list[int] = []
+
+    def recording(entry: object) -> list[CaseResult]:
+        seen.append(torch.get_num_threads())
+        return [CaseResult("sdpa", "a case", "PASSED", "")]
+
+    monkeypatch.setattr(check_matrix, "run_quick_check", recording)
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert main(["check", "--backend", "sdpa"]) == EXIT_OK
+        assert seen == [expected]
+        assert torch.get_num_threads() == 2  # restored after the check
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_check_file_spec_verbose_passes(capsys: pytest.CaptureFixture[str]) -> None:
     spec = _spec("FileBackend", FILE_BACKEND)
     assert main(["check", "-v", "--backend", spec]) == EXIT_OK

@@ -62,7 +62,6 @@ from harness.bench.timing import (
     HostClock,
     TimingConfig,
     device_type,
-    fixed_threads,
     long_lived_objects_frozen,
     measure,
     timer_overhead,
@@ -70,6 +69,7 @@ from harness.bench.timing import (
 from harness.bench.workloads import CaseSpec, Workload
 from harness.core.deadlines import CaseTimeout, deadline
 from harness.core.registry import BackendEntry, class_label
+from harness.core.threads import fixed_threads
 from harness.results.statistics import bootstrap_ratio_ci
 from harness.results.store import FAILING_STATUSES, CaseRecord, RunRecord, TimingRecord
 

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import torch
 
 from harness.core.deadlines import shielded
+from harness.core.threads import fixed_threads
 from harness.results.statistics import DEFAULT_CONFIDENCE, Summary
 
 MIN_SAMPLES = 5  # the results schema keeps at least five raw samples per case
@@ -228,20 +229,6 @@ class CacheFlusher:
             self._buffer.zero_()
         else:
             self._buffer.sum()
-
-
-@contextlib.contextmanager
-def fixed_threads(threads: int | None) -> Iterator[int]:
-    """Run with ``threads`` intra-op threads (default: the current count); restore after."""
-    before = torch.get_num_threads()
-    if threads is not None:
-        if threads < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
-        torch.set_num_threads(threads)
-    try:
-        yield torch.get_num_threads()
-    finally:
-        torch.set_num_threads(before)
 
 
 # -- measuring ---------------------------------------------------------------------

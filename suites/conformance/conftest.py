@@ -3,7 +3,6 @@ a backend's claim, and skipping what a backend declares it cannot do."""
 
 from __future__ import annotations
 
-import os
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -32,6 +31,7 @@ from harness.conformance.step_strategies import (
 from harness.core.deadlines import CaseTimeout, deadline
 from harness.core.errors import Unsupported
 from harness.core.registry import BackendEntry
+from harness.core.threads import small_step_threads
 from harness.core.triton_mode import interpret_triton_here
 from harness.numerics.scenario import Scenario
 
@@ -55,14 +55,10 @@ if current_device() == "cpu":  # Triton kernels run on CPU tensors only in its i
 
 
 def _one_cpu_thread() -> None:
-    """Run torch on one thread for the CPU cases, unless ``OMP_NUM_THREADS`` says otherwise.
-
-    Conformance steps are small: intra-op threads save little on them, and on
-    a machine whose cores are busy they oversubscribe it, which can make a
-    run several times slower.
-    """
-    if current_device() == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(1)
+    """Run torch on one thread for the CPU cases (``small_step_threads``: why, and when not)."""
+    threads = small_step_threads()
+    if current_device() == "cpu" and threads is not None:
+        torch.set_num_threads(threads)
 
 
 _one_cpu_thread()
