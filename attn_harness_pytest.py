@@ -69,6 +69,7 @@ __all__ = [
     "keep_hypothesis_files_out_of_the_working_directory",
     "profile_for",
     "record_examples",
+    "record_failed_example",
     "record_run",
     "replayable",
     "selected_entries",
@@ -329,6 +330,11 @@ def record_examples(backend: str, scenarios: list[Any], *, example: bool = True)
     checks) nothing is counted.
     """
     session().record_examples(backend, scenarios, example=example)
+
+
+def record_failed_example(backend: str, scenarios: list[Any]) -> None:
+    """Note one example of the running conformance test that failed (the triage's evidence)."""
+    session().record_failed_example(backend, scenarios)
 
 
 def record_run(backend: str, run: Any) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -16,6 +15,7 @@ import pytest
 import torch
 
 from harness.cli.main import main
+from harness.conformance.report import printed_replay
 from harness.conformance.runner import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -116,7 +116,9 @@ def test_failing_backend_exits_1_with_scenario_error_and_a_replay_that_reruns_it
     )
     assert result.returncode == EXIT_FAILED
     out = result.stdout
-    entry = next(line for line in out.splitlines() if line.startswith("FAILED "))
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("FAILED "))
+    entry = lines[start]  # a log keeps whole lines
     assert f"FAILED {FIXTURES}:OffByOneScale · test_outputs_match_oracle[float32]: " in entry
     assert "EXCEEDS bound" in entry  # the error against the bound
     assert "scenario: dp " in out  # the shrunk example, in words
@@ -124,21 +126,20 @@ def test_failing_backend_exits_1_with_scenario_error_and_a_replay_that_reruns_it
     assert "reproduce_failure" not in out
     assert "def " not in out  # no harness source lines
     assert len(out.splitlines()) < 25
-    replay = next(line for line in out.splitlines() if "replay:" in line)
-    command = shlex.split(replay.split("replay:", 1)[1])
+    command = printed_replay(out)
     assert command[:3] == [sys.executable, "-m", "harness"]
     assert "@" in command[command.index("--replay") + 1]
     assert command[3] == "conform"
     again = conform(*command[4:])  # the printed command, run as printed (in this process)
     assert again.returncode == EXIT_FAILED
     assert "1 test" in again.stdout.splitlines()[0]  # exactly the failing test
-    assert entry in again.stdout  # the same example fails the same way
+    assert lines[start] in again.stdout  # the same example fails the same way
+    assert "EXCEEDS bound" in again.stdout
 
 
 def test_replay_that_no_longer_fails_says_so(conform):
     failing = conform("--backend", f"{FIXTURES}:OffByOneScale", "--", "-k", "oracle and float32")
-    replay = next(line for line in failing.stdout.splitlines() if "replay:" in line)
-    token = shlex.split(replay.split("replay:", 1)[1])[-1]
+    token = printed_replay(failing.stdout)[-1]
     fixed = token.replace(f"{FIXTURES}:OffByOneScale", "reference")
     result = conform("--backend", "reference", "--replay", fixed)
     assert result.returncode == EXIT_OK, result.stdout[-2000:]
@@ -363,8 +364,8 @@ def test_pytest_directly_with_the_plugin():
     assert "1 failed, 1 passed" in result.stdout
     assert "test_second_run_is_bit_identical  passed (" in result.stdout  # the verdict table
     assert f"FAILED {FIXTURES}:OffByOneScale · test_outputs_match_oracle[float32]" in result.stdout
-    replay = next(line for line in result.stdout.splitlines() if "replay:" in line)
-    assert "-m pytest --pyargs suites.conformance" in replay
+    replay = printed_replay(result.stdout)
+    assert replay[1:5] == ["-m", "pytest", "--pyargs", "suites.conformance"]
     assert "--replay" in replay
 
 

@@ -12,15 +12,19 @@ from __future__ import annotations
 import ast
 import os
 import re
+import shlex
+import shutil
 import sys
+import textwrap
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import Any
 
 import pytest
 
 from harness.conformance.plugin_names import backend_entry_of
+from harness.conformance.progress import progress_display
 
 _BLOB = re.compile(r"@reproduce_failure\('([^']+)', b'([^']*)'\)")
 
@@ -153,13 +157,120 @@ def verdict_rows(verdicts: Verdicts, examples: dict[str, Counter[str]]) -> list[
     return rows
 
 
-def failure_lines(failure: Failure) -> list[str]:
+INDENT = " " * 7  # under "FAILED " and "CAUSE  "
+
+
+UNWRAPPED = 10**6  # a width no line reaches: logs keep whole lines
+
+
+def terminal_width() -> int:
+    """Columns to fit: ``COLUMNS`` when set, else the terminal's; unlimited in a log.
+
+    Output to a file or a pipe stays in whole lines (a log is searched for
+    phrases), unless ``COLUMNS`` asks for a width.
+    """
+    if os.environ.get("COLUMNS", "").isdigit() or sys.stdout.isatty():
+        return max(40, shutil.get_terminal_size().columns)
+    return UNWRAPPED
+
+
+def wrapped(text: str, width: int, first: str = "", rest: str = INDENT) -> list[str]:
+    """``text`` in lines of at most ``width`` columns (words longer than that stay whole)."""
+    if len(first) + len(text) <= width:
+        return [first + text]
+    return textwrap.wrap(
+        text,
+        width=width,
+        initial_indent=first,
+        subsequent_indent=rest,
+        break_long_words=False,
+        break_on_hyphens=False,
+    ) or [first.rstrip()]
+
+
+def shell_lines(command: str, width: int) -> list[str]:
+    """``command`` as shell lines of at most ``width`` columns that paste back as one.
+
+    Arguments are packed onto lines ended by `` \\``; an argument longer
+    than a line (a replay blob) is cut into quoted pieces joined by a
+    backslash-newline, which the shell removes. Continuation lines start at
+    column 0, since an indent would split the argument.
+    """
+    lines: list[str] = []
+    current = ""
+    for arg in shlex.split(command):
+        quoted = shlex.quote(arg)
+        if current and len(current) + 1 + len(quoted) + 2 > width:
+            lines.append(current + " \\")
+            current = ""
+        if len(quoted) + 2 <= width:
+            current = f"{current} {quoted}" if current else quoted
+            continue
+        step = max(8, width - 4)
+        pieces = [shlex.quote(arg[i : i + step]) for i in range(0, len(arg), step)]
+        if current:
+            lines.append(current + " \\")
+        lines += [piece + "\\" for piece in pieces[:-1]]
+        current = pieces[-1]
+    if current:
+        lines.append(current)
+    return lines
+
+
+def failure_lines(failure: Failure, width: int | None = None) -> list[str]:
+    """One failure's entry: what failed, the shrunk scenario, and the command to replay it."""
+    width = width or terminal_width()
     test = shown_name(failure.test, failure.backend)
     first, *more = failure.detail.splitlines()
-    lines = [f"FAILED {failure.backend} · {test}: {first}", *(f"       {m}" for m in more)]
+    lines = wrapped(f"{test}: {first}", width, first=f"FAILED {failure.backend} · ")
+    for line in more:
+        lines += wrapped(line, width, first=INDENT)
     if failure.scenario:
-        lines.append(f"       scenario: {failure.scenario}")
-    lines.append(f"       replay:   {failure.replay}")
+        scenario = f"scenario: {failure.scenario}"
+        lines += wrapped(scenario, width, first=INDENT, rest=INDENT + " " * 10)
+    label = f"{INDENT}replay:   "
+    if len(label) + len(failure.replay) <= width:
+        lines.append(label + failure.replay)
+    else:
+        lines += [f"{INDENT}replay:", *shell_lines(failure.replay, width)]
+    return lines
+
+
+def printed_replay(output: str) -> list[str]:
+    """The first replay command in ``output`` as its arguments (continuation lines joined).
+
+    The inverse of what ``failure_lines`` prints, for scripts and tests.
+    """
+    lines = output.splitlines()
+    for i, line in enumerate(lines):
+        if line.strip().startswith("replay:"):
+            text = line.split("replay:", 1)[1]
+            if not text.strip():
+                text = ""
+                for follow in lines[i + 1 :]:
+                    text += follow + "\n"
+                    if not follow.endswith("\\"):
+                        break
+            return shlex.split(text.replace("\\\n", ""))
+    raise ValueError("no replay command in the output")
+
+
+def grouped_failure_lines(group: Any, every_failure: bool) -> list[str]:
+    """A group of failures: its triage line, then its entries (or one, and the rest named)."""
+    from harness.conformance.triage import cause_line
+
+    width = terminal_width()
+    first = group.failures[0]
+    lines = wrapped(cause_line(group), width, first=f"CAUSE  {first.backend} · ")
+    shown = group.failures if every_failure else group.failures[:1]
+    for failure in shown:
+        lines += failure_lines(failure, width)
+    rest = group.failures[len(shown) :]
+    if rest:
+        names = [shown_name(f.test, f.backend) for f in rest]
+        listed = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        more = f"{_plural(len(rest), 'more failure')} like it: {listed} (-v lists each)"
+        lines += wrapped(more, width, first=INDENT)
     return lines
 
 
@@ -198,56 +309,6 @@ def _quiet() -> bool:
     return bool(os.environ.get("CI")) or not sys.stdout.isatty()
 
 
-class LiveLine:
-    """One transient line on the terminal: the running test and its examples so far.
-
-    It writes to a duplicate of the terminal's file descriptor taken before
-    any test runs, so pytest's output capture (which redirects fd 1 during a
-    test) does not swallow it. Silent under ``CI`` or without a terminal.
-    """
-
-    def __init__(self) -> None:
-        self._progress: Any = None
-        self._task: Any = None
-        self._stream: IO[str] | None = None
-        if _quiet():
-            return
-        from rich.console import Console
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-        self._stream = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
-        console = Console(file=self._stream, force_terminal=True)
-        self._progress = Progress(
-            SpinnerColumn(),
-            TextColumn("[{task.completed}/{task.total}]"),
-            TextColumn("{task.description}"),
-            TextColumn("{task.fields[examples]} held"),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        )
-        self._task = self._progress.add_task("starting", total=0, examples=0)
-        self._progress.start()
-
-    def start_test(self, done: int, total: int, label: str) -> None:
-        if self._progress is not None:
-            self._progress.update(self._task, completed=done, total=total, description=label)
-            self._progress.update(self._task, examples=0)
-
-    def example_held(self) -> None:
-        if self._progress is not None:
-            examples = self._progress.tasks[0].fields["examples"]
-            self._progress.update(self._task, examples=examples + 1)
-
-    def stop(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
-        if self._stream is not None:
-            self._stream.close()
-            self._stream = None
-
-
 class CompactReporter:
     """Stands in for pytest's terminal reporter under ``attn-harness conform``.
 
@@ -261,7 +322,7 @@ class CompactReporter:
         self.config = config
         self.summary = summary  # () -> list[str], the verdict table and the rest
         self.notes = notes  # () -> list[str], how the profile was sized for each backend
-        self.live: LiveLine | None = None
+        self.live: Any = None  # progress.LiveLine on a terminal, else progress.PlainProgress
         self.total = 0
         self.done = 0
         self.started = time.monotonic()
@@ -312,7 +373,7 @@ class CompactReporter:
     def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
         if self.live is None:
             self.header()
-            self.live = LiveLine()
+            self.live = progress_display(", ".join(self.backends), quiet=_quiet())
         self.live.start_test(self.done, self.total, nodeid.rpartition("::")[2])
 
     def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:

@@ -73,6 +73,7 @@ class ConformanceSession:
     entries: list[Any] | None = None  # resolved lazily (registering backends imports torch)
     not_claiming: list[str] = field(default_factory=list)
     coverage: Any = None  # CoverageLog, made at the first example counted
+    evidence: Any = None  # triage.TriageLog: every labelled example, held or failed
     verdicts: Any = None  # report.Verdicts
     reporter: Any = None  # the compact reporter, when the run uses it
     current_test: str | None = None  # the conformance test running now (coverage counts it)
@@ -188,8 +189,23 @@ class ConformanceSession:
         if self.current_test is None:
             return  # outside a conformance test (the harness's unit tests call the checks)
         self.coverage_log().record(backend, self.current_test, scenarios, example=example)
+        if example:
+            self.triage_log().held(backend, self.current_test, scenarios)
         if example and self.reporter is not None:
             self.reporter.example_held()
+
+    def record_failed_example(self, backend: str, scenarios: list[Any]) -> None:
+        """One example of the running test that failed: evidence for the triage."""
+        if self.current_test is not None:
+            self.triage_log().failed(backend, self.current_test, scenarios)
+
+    def triage_log(self) -> Any:
+        """The run's ``harness.conformance.triage.TriageLog``."""
+        if self.evidence is None:
+            from harness.conformance.triage import TriageLog
+
+            self.evidence = TriageLog()
+        return self.evidence
 
     def record_run(self, backend: str, run: Any) -> None:
         if self.current_test is None:
@@ -310,6 +326,8 @@ class ConformanceSession:
             if backend["never_checked"]:
                 never = "; ".join(backend["never_checked"])
                 properties.append((f"coverage[{name}].never_checked", never))
+        for i, line in enumerate(self.triage_lines()):
+            properties.append((f"triage.{i}", line))
         return properties
 
     # -- the lines a run ends with -------------------------------------------------------
@@ -379,9 +397,14 @@ class ConformanceSession:
         found = self.problems() if problems is None else problems
         return [f"attn-harness: {what}: {meaning}" for what, meaning in found]
 
-    def verdict_lines(self) -> list[str]:
-        """The verdict table (backend x property) and one entry per failure."""
-        from harness.conformance.report import failure_lines, verdict_rows
+    def verdict_lines(self, every_failure: bool = True) -> list[str]:
+        """The verdict table (backend x property), then the failures grouped by cause.
+
+        Each group opens with its triage line; ``every_failure`` prints an
+        entry for every failure (``-v``, plain pytest), otherwise one
+        representative per group and the rest named.
+        """
+        from harness.conformance.report import failure_lines, grouped_failure_lines, verdict_rows
         from harness.core.text_table import aligned
 
         if not self.verdicts.outcomes:
@@ -390,9 +413,31 @@ class ConformanceSession:
         lines = ["", *aligned(verdict_rows(self.verdicts, examples))]
         if self.verdicts.failures:
             lines.append("")
-        for failure in self.verdicts.failures:
-            lines += failure_lines(failure)
+        for group in self.failure_groups():
+            if len(self.verdicts.failures) > 1:
+                lines += grouped_failure_lines(group, every_failure)
+            else:
+                lines += failure_lines(group.failures[0])
         return lines
+
+    def failure_groups(self) -> list[Any]:
+        """The run's failures grouped by what explains them (``triage.group_failures``)."""
+        from harness.conformance.triage import group_failures
+
+        backends: dict[str, list[Any]] = {}
+        for failure in self.verdicts.failures:
+            backends.setdefault(failure.backend, []).append(failure)
+        return [
+            group
+            for backend, failures in backends.items()
+            for group in group_failures(backend, failures, self.triage_log())
+        ]
+
+    def triage_lines(self) -> list[str]:
+        """One line per group of failures: ``BACKEND: CAUSE`` (JUnit properties, logs)."""
+        from harness.conformance.triage import cause_line
+
+        return [f"{g.failures[0].backend}: {cause_line(g)}" for g in self.failure_groups()]
 
     def compact_summary(self, seconds: float) -> list[str]:
         """What ``attn-harness conform`` prints at the end (``--conformance-output compact``)."""
@@ -403,7 +448,7 @@ class ConformanceSession:
         coverage = self.coverage_lines(full=False)
         if self.coverage is not None:
             coverage.append(f"  ({full})")
-        lines = [*self.verdict_lines(), "", *coverage]
+        lines = [*self.verdict_lines(every_failure=False), "", *coverage]
         lines += self.problem_lines(problems)
         replayed = self.replay[0] if self.replay_held and self.replay is not None else None
         return [

@@ -19,6 +19,7 @@ from attn_harness_pytest import (
     keep_hypothesis_files_out_of_the_working_directory,
     profile_for,
     record_examples,
+    record_failed_example,
     session,
 )
 from harness.conformance.claim_coverage import claim_summary
@@ -197,5 +198,6 @@ def check(prop: Callable[..., None], entry: BackendEntry, *args: Any) -> None:
             f"{prop.__name__} crashed: {type(exc).__name__}: {exc}{_shapes(args)}\n{where}"
         )
     if failure is not None:
+        record_failed_example(entry.name, _scenarios(args))
         raise failure
     record_examples(entry.name, _scenarios(args))  # an example that held

@@ -1,0 +1,141 @@
+"""How far a conformance run has got: a live line on a terminal, plain lines without one.
+
+A run of the whole suite takes minutes to an hour; a log that says nothing
+for twenty minutes reads as a hang. On a terminal one transient line shows
+the running test and its examples; without one (a log file, CI) a line
+like ``[  120 s] reference: 12/49 tests done, about 3 min left`` is printed
+every ``PLAIN_EVERY_S`` seconds, from a timer thread, so a long test still
+shows the run is alive. The main job reads the last such line of each
+backend's log for its own progress line (pattern: ``N/M tests done``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import IO, Any
+
+PLAIN_EVERY_S = 30.0
+
+
+def eta_text(seconds: float) -> str:
+    """``about 40 s left`` / ``about 3 min left``, rounded as a person would say it."""
+    if seconds < 60:
+        return f"about {max(5, round(seconds / 5) * 5):.0f} s left"
+    return f"about {round(seconds / 60):.0f} min left"
+
+
+def progress_line(elapsed: float, who: str, done: int, total: int, running: str = "") -> str:
+    """One plain progress line: elapsed time, tests done of total, an estimate of the rest."""
+    line = f"[{elapsed:5.0f} s] {who}: {done}/{total} tests done"
+    if 0 < done < total:
+        line += ", " + eta_text(elapsed / done * (total - done))
+    if running:
+        line += f" (now {running})"
+    return line
+
+
+def _terminal_stream() -> IO[str]:
+    """A duplicate of the process's stdout, which pytest's capture of fd 1 does not swallow."""
+    return os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+
+
+class PlainProgress:
+    """Periodic plain progress lines, for logs and CI."""
+
+    def __init__(self, who: str, every_s: float = PLAIN_EVERY_S, stream: IO[str] | None = None):
+        self.who = who or "conformance"
+        self.every_s = every_s
+        self.started = time.monotonic()
+        self.done = self.total = 0
+        self.running = ""
+        self._own_stream = stream is None
+        self._stream = stream if stream is not None else _terminal_stream()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._tick, name="conform-progress", daemon=True)
+        self._thread.start()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.print_line()
+
+    def print_line(self) -> None:
+        with self._lock:
+            line = progress_line(
+                time.monotonic() - self.started, self.who, self.done, self.total, self.running
+            )
+            print(line, file=self._stream, flush=True)
+
+    def start_test(self, done: int, total: int, label: str) -> None:
+        with self._lock:
+            self.done, self.total, self.running = done, total, label
+
+    def example_held(self) -> None:
+        """Examples are not counted in plain lines (they would be stale between prints)."""
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self._own_stream:
+            self._stream.close()
+
+
+class LiveLine:
+    """One transient line on the terminal: the running test and its examples so far.
+
+    It writes to a duplicate of the terminal's file descriptor taken before
+    any test runs, so pytest's output capture (which redirects fd 1 during a
+    test) does not swallow it. Silent under ``CI`` or without a terminal.
+    """
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self._stream: IO[str] | None = _terminal_stream()
+        console = Console(file=self._stream, force_terminal=True)
+        self._progress: Any = Progress(
+            SpinnerColumn(),
+            TextColumn("[{task.completed}/{task.total}]"),
+            TextColumn("{task.description}"),
+            TextColumn("{task.fields[examples]} held"),
+            TimeElapsedColumn(),
+            TextColumn("left"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+        )
+        self._task: Any = self._progress.add_task("starting", total=0, examples=0)
+        self._progress.start()
+
+    def start_test(self, done: int, total: int, label: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=done, total=total, description=label)
+            self._progress.update(self._task, examples=0)
+
+    def example_held(self) -> None:
+        if self._progress is not None:
+            examples = self._progress.tasks[0].fields["examples"]
+            self._progress.update(self._task, examples=examples + 1)
+
+    def stop(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+
+def progress_display(who: str, quiet: bool) -> Any:
+    """The live line on a terminal; plain periodic lines when ``quiet`` (no terminal, CI)."""
+    return PlainProgress(who) if quiet else LiveLine()
