@@ -222,7 +222,7 @@ def failure_lines(failure: Failure, width: int | None = None) -> list[str]:
     width = width or terminal_width()
     test = shown_name(failure.test, failure.backend)
     first, *more = failure.detail.splitlines()
-    lines = wrapped(f"{test}: {first}", width, first=f"FAILED {failure.backend} · ")
+    lines = wrapped(f"{failure.backend} · {test}: {first}", width, first="FAILED ")
     for line in more:
         lines += wrapped(line, width, first=INDENT)
     if failure.scenario:
@@ -261,7 +261,7 @@ def grouped_failure_lines(group: Any, every_failure: bool) -> list[str]:
 
     width = terminal_width()
     first = group.failures[0]
-    lines = wrapped(cause_line(group), width, first=f"CAUSE  {first.backend} · ")
+    lines = wrapped(f"{first.backend} · {cause_line(group)}", width, first="CAUSE  ")
     shown = group.failures if every_failure else group.failures[:1]
     for failure in shown:
         lines += failure_lines(failure, width)

@@ -297,10 +297,17 @@ class ConformanceSession:
         """The tally as the ``.coverage.json`` file holds it; ``None`` when nothing ran."""
         if self.coverage is None:
             return None
+        from harness.conformance.triage import group_json
+
+        backends = self.coverage.as_json(self.wanted())
+        for group in self.failure_groups():
+            backend = backends.get(group.failures[0].backend)
+            if backend is not None:
+                backend.setdefault("triage", []).append(group_json(group))
         return {
             "profile": self.options.profile,
             "examples_per_test": int(self.profile().settings.max_examples),
-            "backends": self.coverage.as_json(self.wanted()),
+            "backends": backends,
         }
 
     def junit_properties(self) -> list[tuple[str, str]]:

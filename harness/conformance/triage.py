@@ -5,7 +5,8 @@ that draws a multi-token query, and passes every decode. Listing sixteen
 near-identical failures hides that; the evidence to say it is already in the
 run. Every checked example is labelled along the coverage dimensions
 (``claim_coverage.labels``: dtype, query length, page size, variant, rank
-position, ...), held or failed. For each dimension this module takes the
+position, ...) and a few of the triage's own (``TRIAGE_DIMENSIONS``), held
+or failed. For each dimension this module takes the
 labels the failing examples have and asks how many held examples share them:
 a dimension whose failing labels no held example has, while held examples
 outside them exist, is where the bug lives ("every failing example has query
@@ -19,7 +20,7 @@ failed, which is then the evidence ("every example of this property
 failed; every other property held").
 
 Public: ``example_key``, ``TriageLog``, ``Cause``, ``Group``, ``explain``,
-``group_failures``, ``cause_line``.
+``group_failures``, ``cause_line``, ``group_json``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.conformance.claim_coverage import DIMENSIONS, labels
+from harness.core.kv_pages import pages_needed
 
 DIMENSION_WORDS = {
     "dtype": "dtype",
@@ -54,8 +56,56 @@ DIMENSION_WORDS = {
     "tokens": "new tokens per step",
     "logit_offset": "logit offset",
     "pool": "pool elements",
+    "sequences": "sequences per step",
+    "layers": "layers",
+    "scale": "scale",
+    "pool_pages": "pool pages",
+    "sequence_pages": "pages per sequence",
+    "page_order": "page order",
+    "last_page": "last page",
 }
-"""How each coverage dimension reads in a sentence."""
+"""How each dimension reads in a sentence."""
+
+TRIAGE_DIMENSIONS = (
+    *DIMENSIONS,
+    "sequences",
+    "layers",
+    "scale",
+    "pool_pages",
+    "sequence_pages",
+    "page_order",
+    "last_page",
+)
+"""The coverage dimensions, and a few more that only the triage needs: bugs that live in
+the batch size, the layer index, the scale, page ids past int16, or where pages lie."""
+
+
+def _sequences(rows: int) -> str:
+    if rows <= 1:
+        return "1"
+    return "2-8" if rows <= 8 else ("9-64" if rows <= 64 else "65+")
+
+
+def _default_scale(s: Any) -> bool:
+    return math.isclose(s.softmax_scale, 1.0 / math.sqrt(s.head_dim), rel_tol=1e-9)
+
+
+def triage_labels(s: Any) -> dict[str, str]:
+    """One rank's step along every triage dimension (``labels`` and the triage's own)."""
+    pages = [pages_needed(length, s.page_size) for length in s.context_lens]
+    return {
+        **labels(s),
+        "sequences": _sequences(len(s.context_lens)),
+        "layers": "1" if s.num_layers == 1 else "2+",
+        "scale": "1/sqrt(head dim)" if _default_scale(s) else "other",
+        "pool_pages": "2^15+" if s.total_pages >= 2**15 else "< 2^15",
+        "sequence_pages": "2+" if max(pages, default=0) >= 2 else "1",
+        "page_order": "shuffled" if s.shuffle_pages else "in order",
+        "last_page": (
+            "ends mid-page" if any(length % s.page_size for length in s.context_lens) else "full"
+        ),
+    }
+
 
 MIN_HELD_OUTSIDE = 2
 """A dimension separates only when at least this many held examples lie outside the
@@ -71,11 +121,11 @@ ExampleKey = tuple[tuple[str, frozenset[str]], ...]
 
 def example_key(scenarios: Iterable[Any]) -> ExampleKey:
     """The labels of one example (every rank's step of it), hashable."""
-    found: dict[str, set[str]] = {d: set() for d in DIMENSIONS}
+    found: dict[str, set[str]] = {d: set() for d in TRIAGE_DIMENSIONS}
     for scenario in scenarios:
-        for dimension, label in labels(scenario).items():
+        for dimension, label in triage_labels(scenario).items():
             found[dimension].add(label)
-    return tuple((d, frozenset(found[d])) for d in DIMENSIONS if found[d])
+    return tuple((d, frozenset(found[d])) for d in TRIAGE_DIMENSIONS if found[d])
 
 
 @dataclass
@@ -243,7 +293,7 @@ def _separates(cause: Cause | None) -> bool:
         cause is not None
         and cause.held_outside >= MIN_HELD_OUTSIDE
         and cause.precision >= MIN_PRECISION
-        and chance_of(cause) * len(DIMENSIONS) <= SIGNIFICANCE
+        and chance_of(cause) * len(TRIAGE_DIMENSIONS) <= SIGNIFICANCE
     )
 
 
@@ -251,7 +301,7 @@ def _single(
     failed: Counter[ExampleKey], held: Counter[ExampleKey], skip: str | None = None
 ) -> Cause | None:
     best: Cause | None = None
-    for dimension in DIMENSIONS:
+    for dimension in TRIAGE_DIMENSIONS:
         if dimension == skip:
             continue
         cause = _along(failed, held, dimension)
@@ -293,7 +343,7 @@ def explain(failed: Counter[ExampleKey], held: Counter[ExampleKey]) -> Cause | N
     best = _single(failed, held)
     if best is not None and best.held_inside == 0:
         return best
-    for dimension in DIMENSIONS:
+    for dimension in TRIAGE_DIMENSIONS:
         first = _along(failed, held, dimension)
         if first is None or first.held_outside < MIN_HELD_OUTSIDE:
             continue
@@ -331,6 +381,18 @@ class Group:
     property_only: str | None = None  # the one test that failed, when no dimension separates
     held_elsewhere: int = 0  # held examples of the backend's other tests (property_only)
     every_example_failed: bool = False  # property_only: no example of that test held
+
+
+def group_json(group: Group) -> dict[str, Any]:
+    """A group as plain data: the dimensions it names, its labels, its tests, its line."""
+    causes = [c for c in (group.cause.within if group.cause else None, group.cause) if c]
+    return {
+        "dimensions": [c.dimension for c in causes],
+        "failing_labels": {c.dimension: list(c.failing) for c in causes},
+        "property": group.property_only,
+        "tests": [f.test for f in group.failures],
+        "line": cause_line(group),
+    }
 
 
 def _function(test: str) -> str:

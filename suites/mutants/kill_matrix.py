@@ -25,6 +25,7 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +45,7 @@ class Verdict:
     backend: str
     outcomes: dict[str, str]  # test function -> "failed" | "passed" | "skipped"
     seconds: dict[str, float] = field(default_factory=dict)  # test function -> time it took
+    triage: tuple[dict, ...] = ()  # the run's failure groups (``harness.conformance.triage``)
 
     @property
     def failed(self) -> tuple[str, ...]:
@@ -146,11 +148,25 @@ def run_suite(
         if not all(r.exists() for r in reports):
             raise RuntimeError("a conformance run wrote no JUnit report")
         trees = [ET.parse(r) for r in reports]
+        triage = _read_triage(r.with_suffix(".coverage.json") for r in reports)
     outcomes: dict[str, dict[str, str]] = defaultdict(dict)
     seconds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for tree in trees:
         _read_outcomes(tree, outcomes, seconds)
-    return {spec: Verdict(spec, dict(outcomes[spec]), dict(seconds[spec])) for spec in specs}
+    return {
+        spec: Verdict(spec, dict(outcomes[spec]), dict(seconds[spec]), triage.get(spec, ()))
+        for spec in specs
+    }
+
+
+def _read_triage(paths: Iterable[Path]) -> dict[str, tuple[dict, ...]]:
+    """Each backend's failure groups, from the coverage files beside the JUnit reports."""
+    found: dict[str, tuple[dict, ...]] = {}
+    for path in paths:
+        if path.exists():
+            for name, backend in json.loads(path.read_text())["backends"].items():
+                found[name] = tuple(backend.get("triage", ()))
+    return found
 
 
 def _read_outcomes(

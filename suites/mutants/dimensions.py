@@ -1,0 +1,123 @@
+"""Where each planted bug lives: the dimensions a failure triage should name for it.
+
+``attn-harness conform`` groups failures by cause and names the dimension
+that separates failing from held examples (``harness.conformance.triage``).
+Each planted bug below is listed with the dimensions a person reading its
+docstring would accept as "where the bug lives"; ``PROPERTY`` marks a bug
+that no input dimension separates (a modified input, a skipped check, last-bit
+noise), for which the right triage names the failing property instead.
+``triage_names_its_dimension`` judges one run's triage against this table;
+``tests/test_triage.py`` and ``python -m suites.mutants.kill_matrix`` report the
+share of bugs it gets right.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+PROPERTY = "property"
+"""No input dimension separates this bug: a group naming a failing property is right."""
+
+MASK = frozenset({"batch", "query", "mask"})
+DECODE_VARIANT = frozenset({"variant", "batch", "query"})
+
+EXPECTED: dict[str, frozenset[str]] = {
+    # DP partition and ownership
+    "PartitionFloor": frozenset({"dp_size", "rank"}),
+    "SkipsOwnershipCheck": frozenset({PROPERTY}),
+    "ChecksOnlySlots": frozenset({PROPERTY}),
+    "ChecksOnlyBlockTable": frozenset({PROPERTY}),
+    "RejectsStaleEntries": frozenset({PROPERTY}),
+    "RefusesDpGroups": frozenset({"dp_size", "rank"}),
+    "IgnoresPageOffset": frozenset({"layout", "rank"}),
+    # masking, heads, numerics
+    "TopLeftCausal": MASK,
+    "NoCausalMask": MASK,
+    "GqaModulo": frozenset({"heads"}),
+    "UnstableSoftmax": frozenset({"logit_offset"}),
+    "IgnoresScale": frozenset({"scale"}),
+    "DropsLastToken": frozenset({PROPERTY}),
+    "ReadsWholeLastPage": frozenset({"last_page", "page_size"}),
+    "AssumesContiguousPages": frozenset({"sequence_pages", "page_order", "context"}),
+    "WritesPaddingSlots": frozenset({"padding"}),
+    "ZeroesPageTail": frozenset({"last_page", "page_size", PROPERTY}),
+    "ClearsBlockTablePadding": frozenset({PROPERTY}),
+    "IgnoresLayerIndex": frozenset({"layers"}),
+    "ModifiesQueryInPlace": frozenset({PROPERTY}),
+    "IgnoresStrides": frozenset({"views"}),
+    "NonDeterministic": frozenset({PROPERTY}),
+    "StalePlanCache": frozenset({PROPERTY}),
+    # production-shape thresholds
+    "SplitKvNoRescale": frozenset({"context"}),
+    "SplitKvFloorPartitions": frozenset({"context"}),
+    "SplitKvMaxPartitions": frozenset({"context"}),
+    "QueryTileCausalOffset": frozenset({"query"}),
+    "QueryTileCap128": frozenset({"query"}),
+    "HardcodedBlock16": frozenset({"page_size"}),
+    "HeadDimCap128": frozenset({"head_dim"}),
+    "GqaPack8": frozenset({"heads"}),
+    "GridCap64": frozenset({"sequences"}),
+    "SeqLenInt16": frozenset({"context"}),
+    "PageIdInt16": frozenset({"pool_pages", "pool"}),
+    "ElementOffsetInt32": frozenset({"pool"}),
+    "DpRank3Bits": frozenset({"dp_size", "rank"}),
+    # attention variants
+    "WindowOffByOne": frozenset({"variant"}),
+    "NonPositiveWindowMeansNone": frozenset({PROPERTY}),
+    "WindowOnlyInPrefill": DECODE_VARIANT,
+    "SoftCapBeforeScale": frozenset({"variant"}),
+    "IgnoresSinks": frozenset({"variant"}),
+    "AlibiSignFlipped": frozenset({"variant"}),
+    "Fp8ScaleInvertedOnRead": frozenset({"kv_cache"}),
+    "Fp8ScaleInvertedOnWrite": frozenset({"kv_cache"}),
+    "HndReadAsNhd": frozenset({"cache_layout"}),
+    "LseInLog2": frozenset({PROPERTY}),
+    "OutBufferIgnored": frozenset({PROPERTY}),
+    # bugs from the field
+    "SplitKvEmptySplitNaN": frozenset({"context", "variant"}),
+    "MergeStartsEmptyNaN": frozenset({"context", "variant"}),
+    "SplitCountEmptyTail": frozenset({"context"}),
+    "FiniteSentinelMax": frozenset({"logit_offset"}),
+    "WindowMaskFinite": frozenset({"variant", "logit_offset"}),
+    "SoftCapAfterMaskInDecode": DECODE_VARIANT,
+    "SoftCapIgnored": frozenset({"variant"}),
+    "SinksIgnoredInPrefill": DECODE_VARIANT,
+    "AlibiDroppedInDecode": DECODE_VARIANT,
+    "WindowIgnoredOnCachedPrefix": frozenset({"variant", "batch", "query", "context"}),
+    "Fp8ScalesIgnoredInRaggedPrefill": frozenset({"kv_cache", "batch", "query"}),
+    "Fp8ScalesFallBackToOne": frozenset({"kv_cache"}),
+    "GqaGroupPaddedToPow2": frozenset({"heads"}),
+    "HeadDimTailUnmasked": frozenset({"head_dim"}),
+    "OutputChunkAtColumnZero": frozenset({"head_dim", "heads"}),
+    "PageTokensPast128Dropped": frozenset({"page_size"}),
+    "CombinedKvBlockStrideAssumed": frozenset({"cache"}),
+    "NewKvStridesAssumed": frozenset({"views"}),
+    "SpecVerifyNoCausal": MASK,
+    "SpecVerifyPaddedQStride": frozenset({"batch", "query"}),
+    "SpecVerifyRowsAsDecode": frozenset({"batch", "query"}),
+    "ScratchWrapsPastTokenBudget": frozenset({"tokens"}),
+}
+
+
+def named(group: Mapping[str, Any]) -> set[str]:
+    """What one triage group (``harness.conformance.triage.group_json``) names."""
+    return set(group["dimensions"]) or {PROPERTY}
+
+
+def triage_names_its_dimension(mutant: str, groups: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether the largest group of a bug's triage names a dimension its bug lives in."""
+    ordered = sorted(groups, key=lambda g: -len(g["tests"]))
+    return bool(ordered) and bool(named(ordered[0]) & EXPECTED[mutant])
+
+
+def triage_rate(triage: Mapping[str, Iterable[Mapping[str, Any]]]) -> tuple[int, int, list[str]]:
+    """``(right, judged, wrong names)`` over the planted bugs in ``triage`` (spec -> groups)."""
+    right, wrong = 0, []
+    for spec, groups in triage.items():
+        name = spec.rsplit(":", 1)[-1]
+        if triage_names_its_dimension(name, list(groups)):
+            right += 1
+        else:
+            wrong.append(name)
+    return right, right + len(wrong), wrong
