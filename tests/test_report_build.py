@@ -151,8 +151,10 @@ def test_summary_md_lists_runs_cases_and_conformance(full_report):
     assert summary.startswith("## Nightly\n")
     assert "cpu 2026\\-12\\-01 50585f2" not in summary  # "-" needs no escape
     assert "**cpu 2026-12-01 50585f2**" in summary
-    rows = [line for line in summary.splitlines() if line.startswith("| ")]
-    assert len(rows) == 2 + 18  # header, rule, one per case
+    performance = summary[summary.index("### Performance") :]
+    rows = [line for line in performance.splitlines() if line.startswith("| ")]
+    assert len(rows) == 2 + 6  # header, rule, one per case (its three backends side by side)
+    assert rows[0] == "| workload / case | contiguous-sdpa (time) | reference | sdpa |"
     assert (
         "conform.xml (reference, sdpa, profile ci): 72 passed, 0 failed, 0 unsupported" in summary
     )
@@ -194,7 +196,8 @@ def test_two_runs_side_by_side(tmp_path):
     assert "Run 1: cpu 2026-12-01 50585f2" in page
     assert "Run 2: cpu 2026-12-01 abcdef0" in page
     summary = (out / "summary.md").read_text()
-    assert summary.count("| 2 | sdpa |") == 3  # the second run's rows carry its number
+    assert summary.count("| 2 | decode-sweep@1 / ") == 3  # the second run's rows carry its number
+    assert summary.count("| 1 | decode-sweep@1 / ") == 3
 
 
 def hostile_inputs(tmp_path: Path) -> list[Path]:
@@ -244,10 +247,18 @@ def test_markdown_table_keeps_its_columns_with_hostile_names(tmp_path):
     out = tmp_path / "report"
     build_report(hostile_inputs(tmp_path)[:1], out)
     lines = (out / "summary.md").read_text().splitlines()
-    table = [line for line in lines if line.startswith("| ")]
-    cells = {len(re.findall(r"(?<!\\)\|", line)) for line in table}
-    assert cells == {6}  # 5 columns: an unescaped | in a name would add one
-    assert len(table) == 2 + 18  # a newline in a name did not split a row
+    tables: list[list[str]] = [[]]  # runs of consecutive table lines
+    for line in lines:
+        if line.startswith("| "):
+            tables[-1].append(line)
+        elif tables[-1]:
+            tables.append([])
+    tables = [t for t in tables if t]
+    for table in tables:  # an unescaped | in a name would add a column to its row only
+        assert len({len(re.findall(r"(?<!\\)\|", line)) for line in table}) == 1, table
+    performance = tables[-1]
+    assert len(re.findall(r"(?<!\\)\|", performance[0])) == 5  # case, peer, two backends
+    assert len(performance) == 2 + 6  # a newline in a name did not split a row
     assert all(line.count("`") == line.count("\\`") for line in lines)
 
 
@@ -276,7 +287,7 @@ def test_statistics_come_from_samples_not_stored_summaries(tmp_path, ratio_ci_by
     build_report([path], out)
     for text in ((out / "index.html").read_text(), (out / "summary.md").read_text()):
         assert "999.00x" not in text
-        assert f"{stats.ratio_peer:.2f}x [{stats.ratio_peer_ci[0]:.2f}-" in text
+        assert f"{stats.ratio_peer:.2f}x [{stats.ratio_peer_ci[0]:.2f}, " in text
 
 
 def test_roofline_draws_datasheet_ceilings_dashed(tmp_path):

@@ -30,18 +30,21 @@ REPORT_ENTRIES = frozenset({"index.html", "summary.md", "figures", "screenshot.p
 
 def _render(paths: Sequence[str | Path], title: str) -> dict[str, bytes]:
     """Every file of the report, by its path inside the report folder."""
-    from harness.report.figures import RenderedFigure, make_figures
+    from harness.report.figure_style import RenderedFigure
+    from harness.report.figures import make_figures
     from harness.report.inputs import load_inputs
     from harness.report.page import render_page
     from harness.report.stats import analyse
     from harness.report.summary_md import render_summary
+    from harness.report.verdict import verdict_of
 
     inputs = load_inputs(paths)
     runs = analyse(inputs.bench)
     figures = make_figures(runs, inputs.conformance)
+    verdict = verdict_of(inputs, runs)
     files = {
-        "index.html": render_page(title, inputs, runs, figures).encode("utf-8"),
-        "summary.md": render_summary(title, inputs, runs).encode("utf-8"),
+        "index.html": render_page(title, inputs, runs, figures, verdict).encode("utf-8"),
+        "summary.md": render_summary(title, inputs, runs, verdict).encode("utf-8"),
     }
     for figure in figures:
         if isinstance(figure, RenderedFigure):  # names are fixed ones, never input text

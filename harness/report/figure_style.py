@@ -15,6 +15,7 @@ import io
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
@@ -83,6 +84,11 @@ def _series(runs: Sequence[AnalysedRun], keep: Callable[[CaseStats], bool]) -> l
     return found
 
 
+def workload_key(c: CaseStats) -> str:
+    """A case's workload as the figures name it: ``name@version``."""
+    return f"{c.case.workload}@{c.case.workload_version}"
+
+
 def _colours(backends: list[str]) -> dict[str, str]:
     others = itertools.cycle(COLOURS)
     return {b: "#000000" if b == PEER else next(others) for b in backends}
@@ -141,6 +147,29 @@ def _figure(width: float, height: float) -> Figure:
     figure = Figure(figsize=(min(width, 40.0), min(height, 60.0)), dpi=DPI, layout="constrained")
     FigureCanvasAgg(figure)  # the Agg canvas, chosen here and not through global state
     return figure
+
+
+class RenderedFigure(NamedTuple):
+    name: str
+    title: str
+    caption: str
+    png: bytes
+    svg: str
+
+
+class SkippedFigure(NamedTuple):
+    name: str
+    title: str
+    reason: str
+
+
+Outcome = RenderedFigure | SkippedFigure
+
+
+def done(name: str, title: str, caption: str, figure: Figure) -> RenderedFigure:
+    """The figure rendered, with what the page shows beside it."""
+    png, svg = _render(figure)
+    return RenderedFigure(name, title, caption, png, svg)
 
 
 def _render(figure: Figure) -> tuple[bytes, str]:

@@ -17,66 +17,53 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
-from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
 from harness.report.figure_style import (
-    DTYPE_COLOURS,
     OUTCOME_COLOURS,
+    Outcome,
     Series,
+    SkippedFigure,
     _errors,
     _figure,
     _fixed_axis,
     _grid,
     _legend,
     _log_axis,
-    _render,
     _seconds,
     _series,
     _si,
     _text,
+    done,
+    workload_key,
 )
-from harness.report.stats import AnalysedRun, CaseStats, ceilings
+from harness.report.perf_figures import (
+    RATIO,
+    RATIO_TITLE,
+    ROOFLINE,
+    ROOFLINE_TITLE,
+    ratio_figure,
+    roofline_figure,
+)
+from harness.report.stats import AnalysedRun, CaseStats
 
 if TYPE_CHECKING:
     from harness.report.inputs import ConformanceRun
 
 TITLES = {
+    RATIO: RATIO_TITLE,
+    ROOFLINE: ROOFLINE_TITLE,
     "time-vs-context": "Forward time against context length",
     "throughput-vs-context": "Throughput against context length",
-    "ratio-to-peer": "Time relative to the no-paging peer and to reference",
-    "roofline": "Roofline: achieved FLOP/s against arithmetic intensity",
     "dp-scaling": "Data-parallel scaling",
     "conformance": "Conformance: backend x property",
 }
 FIGURE_NAMES = tuple(TITLES)
-
-
-class RenderedFigure(NamedTuple):
-    name: str
-    title: str
-    caption: str
-    png: bytes
-    svg: str
-
-
-class SkippedFigure(NamedTuple):
-    name: str
-    title: str
-    reason: str
-
-
-Outcome = RenderedFigure | SkippedFigure
-
-
-def _done(name: str, title: str, caption: str, figure: Figure) -> RenderedFigure:
-    png, svg = _render(figure)
-    return RenderedFigure(name, title, caption, png, svg)
 
 
 # -- 1 and 2: time and throughput against context length -----------------------------------
@@ -89,16 +76,12 @@ def _panels(runs: Sequence[AnalysedRun], kinds: tuple[str, ...]) -> list[tuple[s
         for run in runs:
             for c in run.cases:
                 if c.kind == kind and c.valid and c.context_length:
-                    found.setdefault(_workload_key(c), kind)
+                    found.setdefault(workload_key(c), kind)
     return list(found.items())
 
 
-def _workload_key(c: CaseStats) -> str:
-    return f"{c.case.workload}@{c.case.workload_version}"
-
-
 def _in_workload(key: str) -> Callable[[CaseStats], bool]:
-    return lambda c: _workload_key(c) == key
+    return lambda c: workload_key(c) == key
 
 
 def _context_length(c: CaseStats) -> int | None:
@@ -131,7 +114,7 @@ def _by_context(
         _log_axis(ax.yaxis, unit)
         ax.grid(True, which="both", alpha=0.3)
     _legend(figure, axes)
-    return _done(name, title, caption, figure)
+    return done(name, title, caption, figure)
 
 
 def _plot_line(
@@ -198,169 +181,6 @@ def throughput_figure(runs: Sequence[AnalysedRun]) -> Outcome:
     )
 
 
-# -- 3: ratios to the peer and to reference -----------------------------------------------
-
-
-def _case_key(c: CaseStats) -> str:
-    return f"{c.case.workload}@{c.case.workload_version} / {c.case.case}"
-
-
-def _ratio_panel(
-    ax: Axes,
-    runs: Sequence[AnalysedRun],
-    value: Callable[[CaseStats], tuple[float, float, float] | None],
-    categories: list[str],
-    title: str,
-) -> None:
-    all_series = _series(runs, lambda c: value(c) is not None)
-    row = {key: i for i, key in enumerate(categories)}
-    step = 0.8 / max(len(all_series), 1)
-    for j, series in enumerate(all_series):
-        offset = (j - (len(all_series) - 1) / 2) * step
-        points = [(row[_case_key(c)] + offset, v) for c in series.cases if (v := value(c))]
-        xs, errors = _errors(v for _, v in points)
-        ax.errorbar(
-            xs,
-            [y for y, _ in points],
-            xerr=errors,
-            label=series.label,
-            color=series.colour,
-            marker=series.marker,
-            linestyle="none",
-            markersize=5,
-            capsize=2,
-        )
-    ax.axvline(1.0, color="#555555", linewidth=1)
-    ax.set_xscale("log")
-    _log_axis(ax.xaxis, lambda v: f"{v:.3g}")
-    ax.set_title(title)
-    ax.grid(True, axis="x", which="both", alpha=0.3)
-
-
-def _peer_ratio(c: CaseStats) -> tuple[float, float, float] | None:
-    if c.ratio_peer is None or c.ratio_peer_ci is None:
-        return None
-    return c.ratio_peer, *c.ratio_peer_ci
-
-
-def _reference_ratio(c: CaseStats) -> tuple[float, float, float] | None:
-    if c.ratio_reference is None or c.ratio_reference_ci is None:
-        return None
-    return c.ratio_reference, *c.ratio_reference_ci
-
-
-def ratio_figure(runs: Sequence[AnalysedRun]) -> Outcome:
-    name = "ratio-to-peer"
-    title = TITLES[name]
-    kinds: list[tuple[str, Callable[[CaseStats], tuple[float, float, float] | None]]] = [
-        ("forward time / contiguous-sdpa time", _peer_ratio),
-        ("forward time / reference time", _reference_ratio),
-    ]
-    used = [(t, f) for t, f in kinds if any(f(c) for run in runs for c in run.cases)]
-    if not used:
-        return SkippedFigure(name, title, "no passing backend case with a passing peer to compare")
-    categories = list(
-        dict.fromkeys(_case_key(c) for run in runs for c in run.cases for _, f in used if f(c))
-    )
-    series = max(len(_series(runs, lambda c: any(f(c) for _, f in used))), 1)
-    figure = _figure(5.5 * len(used) + 3.0, 1.6 + len(categories) * max(0.3, 0.09 * series))
-    axes = figure.subplots(1, len(used), squeeze=False, sharey=True)[0]
-    for ax, (panel_title, value) in zip(axes, used, strict=True):
-        _ratio_panel(ax, runs, value, categories, panel_title)
-    axes[0].set_yticks(range(len(categories)), [_text(c) for c in categories], fontsize="small")
-    axes[0].set_ylim(len(categories) - 0.5, -0.5)
-    for ax in axes:
-        ax.set_xlabel("ratio (log; > 1: slower)")
-        ax.tick_params(axis="x", labeltop=len(categories) > 20)  # a tall figure: scale on top too
-    _legend(figure, list(axes))
-    caption = (
-        "Per case and backend: median forward time over the contiguous SDPA peer's "
-        "(no paging) and, where reference ran, over reference's; bars: bootstrap interval "
-        "of the ratio, both sample sets resampled independently. Right of the line is slower."
-    )
-    return _done(name, title, caption, figure)
-
-
-# -- 4: roofline --------------------------------------------------------------------------
-
-
-def _achieved(c: CaseStats) -> tuple[float, float] | None:
-    rate, intensity = c.per_second(c.flops), c.intensity
-    return None if rate is None or intensity is None else (intensity, rate[0])
-
-
-def _draw_ceilings(ax: Axes, runs: Sequence[AnalysedRun], span: tuple[float, float]) -> int:
-    """Each run's measured (solid) and datasheet (dashed) ceilings; how many were drawn."""
-    drawn = 0
-    low, high = span
-    xs = [low * (high / low) ** (i / 64) for i in range(65)]
-    for run in runs:
-        suffix = "" if len(runs) == 1 else f" @ {run.label}"
-        for ceiling in ceilings(run.record):
-            style = "-" if ceiling.source == "measured" else "--"
-            roofs = ceiling.matmul_flops or {"": float("inf")}
-            for dtype, peak in roofs.items():
-                bandwidth = ceiling.memory_bandwidth or float("inf")
-                ys = [min(bandwidth * x, peak) for x in xs]
-                if all(y == float("inf") for y in ys):
-                    continue
-                what = f"{ceiling.source} {dtype or 'bandwidth'} roof{suffix}"
-                colour = DTYPE_COLOURS.get(dtype, "#455a64")
-                ax.plot(xs, ys, linestyle=style, color=colour, linewidth=1.2, label=_text(what))
-                drawn += 1
-    return drawn
-
-
-def _ridges(runs: Sequence[AnalysedRun]) -> list[float]:
-    """Intensities where a bandwidth slope meets a compute roof: the span must show them."""
-    return [
-        peak / c.memory_bandwidth
-        for run in runs
-        for c in ceilings(run.record)
-        if c.memory_bandwidth
-        for peak in c.matmul_flops.values()
-    ]
-
-
-def roofline_figure(runs: Sequence[AnalysedRun]) -> Outcome:
-    name = "roofline"
-    title = TITLES[name]
-    all_series = _series(runs, lambda c: _achieved(c) is not None)
-    if not all_series:
-        return SkippedFigure(name, title, "no passing case with FLOP and byte counts")
-    figure = _figure(8.0, 6.5)
-    ax = figure.subplots()
-    points = []
-    for series in all_series:
-        xy = [p for c in series.cases if (p := _achieved(c))]
-        points += xy
-        ax.scatter(
-            [x for x, _ in xy],
-            [y for _, y in xy],
-            label=series.label,
-            color=series.colour,
-            marker=series.marker,
-            s=28,
-            zorder=3,
-        )
-    intensities = [x for x, _ in points] + _ridges(runs)
-    drawn = _draw_ceilings(ax, runs, (min(intensities) / 4, max(intensities) * 4))
-    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP / byte)")
-    ax.set(ylabel="achieved FLOP/s")
-    _log_axis(ax.xaxis, _si)
-    _log_axis(ax.yaxis, _si)
-    ax.grid(True, which="both", alpha=0.3)
-    _legend(figure, [ax])
-    caption = (
-        "Each passing case: FLOPs over the median forward time against FLOPs per byte moved. "
-        "Lines: the run's ceilings, the memory-bandwidth slope capped by the matmul roof of "
-        "each dtype; measured ceilings solid, datasheet ceilings dashed."
-    )
-    if not drawn:
-        caption += " No ceilings were recorded in the input, so none are drawn."
-    return _done(name, title, caption, figure)
-
-
 # -- 5: DP scaling ------------------------------------------------------------------------
 
 
@@ -394,7 +214,7 @@ def dp_figure(runs: Sequence[AnalysedRun]) -> Outcome:
         "processes, barrier to barrier. Error bars: the median's bootstrap interval carried "
         "over to the rate."
     )
-    return _done(name, title, caption, figure)
+    return done(name, title, caption, figure)
 
 
 # -- 6: conformance matrix ----------------------------------------------------------------
@@ -470,7 +290,7 @@ def conformance_figure(runs: Sequence[ConformanceRun]) -> Outcome:
         "hypothesis examples the property held for (from the coverage file), or the number of "
         "parametrised cases."
     )
-    return _done(name, title, caption, figure)
+    return done(name, title, caption, figure)
 
 
 # -- all of them --------------------------------------------------------------------------
@@ -481,10 +301,10 @@ def make_figures(
 ) -> list[Outcome]:
     """Every figure in ``FIGURE_NAMES`` order, drawn or skipped with its reason."""
     bench: list[Callable[[Sequence[AnalysedRun]], Outcome]] = [
-        time_figure,
-        throughput_figure,
         ratio_figure,
         roofline_figure,
+        time_figure,
+        throughput_figure,
         dp_figure,
     ]
     outcomes: list[Outcome] = []

@@ -1,10 +1,14 @@
 """The report's ``summary.md``: what a pull-request comment needs, in GitHub Markdown.
 
-A heading, one line per run, a table of cases and the conformance counts
-and failures. Every string from an input file goes through ``md``, which
-escapes what could end a table cell (``|``, newlines), open code (backticks),
-start formatting or a link, or become HTML (``<``, ``>``, ``&``), so a
-hostile name shows as its text and cannot break the table.
+The verdict first (one headline, conformance and performance per backend,
+the measurement flags), then each conformance run with its failures, then
+the performance compactly: one row per case, one column per backend (its
+ratio to the in-run peer with the interval), the cases a backend declared it
+cannot run collapsed into one line, and last the runs it was built from.
+Every string from an input file goes through ``md``, which escapes what
+could end a table cell (``|``, newlines), open code (backticks), start
+formatting or a link, or become HTML (``<``, ``>``, ``&``), so a hostile
+name shows as its text and cannot break the table.
 """
 
 from __future__ import annotations
@@ -14,12 +18,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from harness.bench.table import format_ns
+from harness.report.formats import percent_range, ratio, ratio_range
 from harness.report.stats import AnalysedRun, CaseStats
+from harness.report.verdict import Verdict, shown_cases, unsupported_groups, verdict_of
 
 if TYPE_CHECKING:
     from harness.report.inputs import ConformanceRun, Inputs
 
-MAX_ROWS = 400  # a comment has a size limit; the page has every case
+MAX_ROWS = 200  # a comment has a size limit; the page has every case
+MAX_FLAGS = 30
 MAX_MESSAGE = 300
 _SPECIAL = re.compile(r"([\\`*_\[\]#|~$])")  # what formats, links, math, or ends a cell
 
@@ -35,46 +42,61 @@ def _row(cells: Sequence[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def _ratio(value: float | None, ci: tuple[float, float] | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.2f}x" + (f" [{ci[0]:.2f}-{ci[1]:.2f}]" if ci else "")
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return [_row(header), _row(["---"] * len(header)), *(_row(r) for r in rows)]
 
 
-def _run_line(index: int, run: AnalysedRun) -> str:
-    env = run.record.environment
-    git = env.get("git") if isinstance(env.get("git"), dict) else None
-    sha = str((git or {}).get("sha") or "no git")
-    dirty = " (dirty)" if (git or {}).get("dirty") else ""
-    device = env.get("device_name") or env.get("device") or "?"
-    return (
-        f"- run {index}: **{md(run.label)}**: device {md(device)}, {md(run.record.created)}, "
-        f"sha {md(sha)}{dirty}, {len(run.cases)} cases"
-    )
+# -- the verdict ----------------------------------------------------------------------------
 
 
-def _case_cells(index: int, s: CaseStats, several: bool) -> list[str]:
-    median = "-"
-    if s.median_s is not None and s.ci_s is not None:
-        low, high = (format_ns(x * 1e9) for x in s.ci_s)
-        median = f"{format_ns(s.median_s * 1e9)} [{low}-{high}]"
-    where = f"{s.case.workload}@{s.case.workload_version} / {s.case.case}"
-    cells = [str(index)] if several else []
-    cells += [md(s.case.backend), md(where), md(s.case.status), median]
-    cells.append(_ratio(s.ratio_peer, s.ratio_peer_ci))
-    return cells
-
-
-def _cases(runs: Sequence[AnalysedRun]) -> list[str]:
-    several = len(runs) > 1
-    header = (["run"] if several else []) + ["backend", "workload / case", "status"]
-    header += ["median [CI]", "x peer [CI]"]
-    lines = [_row(header), _row(["---"] * len(header))]
-    rows = [_row(_case_cells(i, s, several)) for i, run in enumerate(runs, 1) for s in run.cases]
-    lines += rows[:MAX_ROWS]
-    if len(rows) > MAX_ROWS:
-        lines += ["", f"... and {len(rows) - MAX_ROWS} more cases in index.html."]
+def _verdict(verdict: Verdict) -> list[str]:
+    lines = [f"**{md(verdict.headline())}**", ""]
+    if verdict.conformance:
+        rows = [
+            [
+                md(c.backend),
+                "FAILED" if c.failed else "passed",
+                f"{c.passed}/{c.tests}",
+                str(c.failed),
+                str(c.unsupported),
+            ]
+            for c in verdict.conformance
+        ]
+        header = ["backend", "conformance", "passed/tests", "failed", "unsupported"]
+        lines += [*_table(header, rows), ""]
+    if verdict.performance:
+        header = (["run"] if verdict.several_runs else []) + ["backend", "timed"]
+        header += ["x peer: median (range)", "of ceiling: median (range)", "note"]
+        rows = []
+        for p in verdict.performance:
+            cells = [md(p.run)] if verdict.several_runs else []
+            note = f"{len(p.failing)} failed" if p.failing else ""
+            if p.unsupported:
+                why = f"{p.unsupported} unsupported ({md(p.unsupported_reason)})"
+                note = ", ".join(x for x in (note, why) if x)
+            peer = "1 (the peer)" if p.is_peer else ratio_range(p.ratio)
+            cells += [md(p.backend), f"{p.timed}/{p.cases}", peer, percent_range(p.roofline)]
+            rows.append([*cells, note])
+        lines += [*_table(header, rows), ""]
+    lines += _flags(verdict)
     return lines
+
+
+def _flags(verdict: Verdict) -> list[str]:
+    flags = verdict.flags
+    if not flags:
+        return ["Flags: none (no measurement was flagged)."]
+    lines = [f"Flags: **{len(flags)}**"]
+    for flag in flags[:MAX_FLAGS]:
+        where = " / ".join(md(x) for x in (flag.workload, flag.case, flag.backend) if x)
+        prefix = f"{md(flag.run)}: " if verdict.several_runs else ""
+        lines.append(f"- {prefix}{where or '(the run)'}: {md(flag.text)}")
+    if len(flags) > MAX_FLAGS:
+        lines.append(f"- ... and {len(flags) - MAX_FLAGS} more in index.html.")
+    return lines
+
+
+# -- conformance ----------------------------------------------------------------------------
 
 
 def _conformance(run: ConformanceRun) -> list[str]:
@@ -93,19 +115,84 @@ def _conformance(run: ConformanceRun) -> list[str]:
     return lines
 
 
-def render_summary(title: str, inputs: Inputs, runs: Sequence[AnalysedRun]) -> str:
+# -- performance: one row per case, one column per backend ------------------------------------
+
+
+def _cell(s: CaseStats) -> str:
+    if s.case.status != "PASSED":
+        return md(s.case.status)
+    if s.case.role == "peer":
+        return format_ns(s.median_s * 1e9) if s.median_s is not None else "-"
+    return ratio(s.ratio_peer, s.ratio_peer_ci)
+
+
+def _performance(runs: Sequence[AnalysedRun]) -> list[str]:
+    several = len(runs) > 1
+    shown = {i: shown_cases(run) for i, run in enumerate(runs, 1)}
+    backends = list(dict.fromkeys(s.case.backend for cases in shown.values() for s in cases))
+    roles: dict[str, set[str]] = {}
+    for cases in shown.values():
+        for s in cases:
+            roles.setdefault(s.case.backend, set()).add(s.case.role)
+    peers = [b for b in backends if roles[b] == {"peer"}]
+    columns = peers + [b for b in backends if b not in peers]
+    header = (["run"] if several else []) + ["workload / case"]
+    header += [f"{md(b)} (time)" if b in peers else md(b) for b in columns]
+    rows: list[list[str]] = []
+    for index, cases in shown.items():
+        by_case: dict[str, dict[str, CaseStats]] = {}
+        for s in cases:
+            key = f"{s.case.workload}@{s.case.workload_version} / {s.case.case}"
+            by_case.setdefault(key, {})[s.case.backend] = s
+        for key, cells in by_case.items():
+            row = [str(index)] if several else []
+            row.append(md(key))
+            row += [_cell(cells[b]) if b in cells else "-" for b in columns]
+            rows.append(row)
+    lines = _table(header, rows[:MAX_ROWS]) if rows else ["No case was run."]
+    if len(rows) > MAX_ROWS:
+        lines += ["", f"... and {len(rows) - MAX_ROWS} more cases in index.html."]
+    collapsed = [
+        f"- {f'run {i}: ' if several else ''}{md(g.backend)}: {g.count} case"
+        f"{'s' if g.count != 1 else ''} unsupported ({md(g.reason)})"
+        for i, run in enumerate(runs, 1)
+        for g in unsupported_groups(run)
+    ]
+    if collapsed:
+        lines += ["", "Not run, as each backend declared:", *collapsed]
+    lines += [
+        "",
+        "Cells: a backend's median forward time over the peer's (x, > 1: slower) with its "
+        "bootstrap interval; the peer's own median time; a status where the case did not "
+        "pass. Recomputed from the raw samples.",
+    ]
+    return lines
+
+
+def _run_line(index: int, run: AnalysedRun) -> str:
+    env = run.record.environment
+    git = env.get("git") if isinstance(env.get("git"), dict) else None
+    sha = str((git or {}).get("sha") or "no git")
+    dirty = " (dirty)" if (git or {}).get("dirty") else ""
+    device = env.get("device_name") or env.get("device") or "?"
+    return (
+        f"- run {index}: **{md(run.label)}**: device {md(device)}, {md(run.record.created)}, "
+        f"sha {md(sha)}{dirty}, {len(run.cases)} cases"
+    )
+
+
+def render_summary(
+    title: str, inputs: Inputs, runs: Sequence[AnalysedRun], verdict: Verdict | None = None
+) -> str:
     """The whole ``summary.md`` text."""
-    lines = [f"## {md(title)}", ""]
-    if runs:
-        lines += [_run_line(i, run) for i, run in enumerate(runs, 1)]
-        lines += ["", *_cases(runs), ""]
-        lines.append(
-            "median: forward time with its bootstrap interval; x peer: time over the contiguous "
-            "SDPA peer's (> 1: slower), with its interval; both recomputed from the raw samples."
-        )
+    verdict = verdict or verdict_of(inputs, runs)
+    lines = [f"## {md(title)}", "", "### Verdict", "", *_verdict(verdict)]
     if inputs.conformance:
         lines += ["", "### Conformance", ""]
         for run in inputs.conformance:
             lines += _conformance(run)
+    if runs:
+        lines += ["", "### Performance", "", *_performance(runs)]
+        lines += ["", "### Inputs", "", *(_run_line(i, run) for i, run in enumerate(runs, 1))]
     lines += ["", "Figures and every table: index.html beside this file."]
     return "\n".join(lines) + "\n"

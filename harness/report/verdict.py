@@ -1,0 +1,291 @@
+"""The answer a report leads with: does each backend conform, how fast is it, what needs a look.
+
+A reader opens a report to learn three things before any figure: whether
+every backend passed conformance (and where the failures are), how fast
+each backend is against the in-run SDPA peer and against the device's
+ceiling, and which measurements are suspect (flags). ``verdict_of`` reduces
+the inputs and their recomputed statistics to exactly that, as data; the
+page and ``summary.md`` both render it, so they agree. Rows that say nothing
+(a backend's cases it declared it cannot run) are collapsed here into one
+``Unsupported`` line per backend and reason.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from harness.report.stats import AnalysedRun, CaseStats
+
+if TYPE_CHECKING:
+    from harness.report.inputs import ConformanceRun, Inputs
+    from harness.results.store import RunRecord
+
+PEER_ROLE = "peer"
+UNSUPPORTED = "UNSUPPORTED"
+# run-level fields of a results file whose name marks them as warnings about the run
+RUN_FLAG_WORDS = ("flag", "warning")
+
+
+@dataclass(frozen=True)
+class ConformanceLine:
+    """One backend's conformance tally; ``failures`` are indices into ``Verdict.failures``."""
+
+    backend: str  # as shown: the name, with the file when a backend is in several runs
+    passed: int
+    failed: int
+    unsupported: int
+    examples: int
+    failures: tuple[int, ...] = ()
+
+    @property
+    def tests(self) -> int:
+        return self.passed + self.failed + self.unsupported
+
+
+@dataclass(frozen=True)
+class Range:
+    """The median of some values and their extremes."""
+
+    median: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Range | None:
+        return Range(statistics.median(values), min(values), max(values)) if values else None
+
+
+@dataclass(frozen=True)
+class PerformanceLine:
+    """One backend of one run: its ratio to the peer and its share of the ceiling, over cases."""
+
+    run: str  # the run's label
+    backend: str
+    is_peer: bool
+    cases: int  # every case of this backend in the run
+    timed: int  # cases that passed and were timed
+    ratio: Range | None  # median forward time over the peer's, across timed cases
+    roofline: Range | None  # share of the binding ceiling, across timed cases
+    bound: str | None  # the ceiling most of its cases are bound by
+    failing: tuple[str, ...] = ()  # "case: STATUS" of each case that did not pass
+    unsupported: int = 0
+    unsupported_reason: str | None = None  # the most common reason the backend gave
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """Cases a backend declared it cannot run, for one reason: one line, not a row each."""
+
+    run: str
+    backend: str
+    count: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A warning about a measurement (a case's flag) or about a whole run."""
+
+    run: str
+    text: str
+    workload: str | None = None
+    case: str | None = None
+    backend: str | None = None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed conformance test, in the order the conformance section lists them."""
+
+    backend: str
+    test: str
+    message: str
+
+
+@dataclass
+class Verdict:
+    conformance: list[ConformanceLine]
+    performance: list[PerformanceLine]
+    unsupported: list[Unsupported]
+    flags: list[Flag]
+    failures: list[Failure] = field(default_factory=list)
+    several_runs: bool = False
+
+    @property
+    def conformance_failed(self) -> list[ConformanceLine]:
+        return [line for line in self.conformance if line.failed]
+
+    @property
+    def failing_cases(self) -> int:
+        return sum(len(line.failing) for line in self.performance)
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing failed; flags are for a look, not a failure."""
+        return not self.conformance_failed and not self.failing_cases
+
+    def headline(self) -> str:
+        """One sentence: PASSED or FAILED, and why."""
+        parts: list[str] = []
+        if self.conformance:
+            failed = self.conformance_failed
+            if failed:
+                names = ", ".join(line.backend for line in failed)
+                parts.append(f"conformance failed for {names}")
+            else:
+                count = len(self.conformance)
+                parts.append(f"{count} of {_plural(count, 'backend')} conform")
+        if self.performance:
+            timed = sum(line.timed for line in self.performance if not line.is_peer)
+            failing = self.failing_cases
+            parts.append(
+                f"{_plural(failing, 'benchmark case')} failed"
+                if failing
+                else f"{timed} cases timed"
+            )
+        flags = len(self.flags)
+        parts.append(f"{_plural(flags, 'measurement flag')}" if flags else "no measurement flag")
+        return f"{'PASSED' if self.ok else 'FAILED'}: " + "; ".join(parts)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+# -- conformance --------------------------------------------------------------------------
+
+
+def _conformance(runs: Sequence[ConformanceRun]) -> tuple[list[ConformanceLine], list[Failure]]:
+    """One line per backend (per run when a backend is in several); failures numbered in
+    the order the conformance section lists them: run by run, each run's in file order."""
+    failures: list[Failure] = []
+    numbers: dict[tuple[int, str], list[int]] = {}
+    for index, run in enumerate(runs):
+        for case in run.failed():
+            numbers.setdefault((index, case.backend), []).append(len(failures))
+            failures.append(Failure(case.backend, case.test, case.message or ""))
+    columns = list(dict.fromkeys((i, c.backend) for i, run in enumerate(runs) for c in run.cases))
+    runs_of = Counter(backend for _, backend in columns)
+    lines: list[ConformanceLine] = []
+    for index, backend in columns:
+        run = runs[index]
+        outcomes = Counter(c.outcome for c in run.cases if c.backend == backend)
+        shown = backend if runs_of[backend] == 1 else f"{backend} ({run.path.name})"
+        lines.append(
+            ConformanceLine(
+                backend=shown,
+                passed=outcomes["passed"],
+                failed=outcomes["failed"],
+                unsupported=outcomes["unsupported"],
+                examples=sum(run.examples.get(backend, {}).values()),
+                failures=tuple(numbers.get((index, backend), ())),
+            )
+        )
+    return lines, failures
+
+
+# -- performance ----------------------------------------------------------------------------
+
+
+def _most_common(values: Sequence[str]) -> str | None:
+    return Counter(values).most_common(1)[0][0] if values else None
+
+
+def _performance(run: AnalysedRun) -> list[PerformanceLine]:
+    lines = []
+    for backend in dict.fromkeys(s.case.backend for s in run.cases):
+        cases = [s for s in run.cases if s.case.backend == backend]
+        timed = [s for s in cases if s.valid]
+        ratios = [s.ratio_peer for s in timed if s.ratio_peer is not None]
+        fractions = [s.roofline_fraction for s in timed if s.roofline_fraction is not None]
+        failing = tuple(
+            f"{s.case.workload} / {s.case.case}: {s.case.status}"
+            for s in cases
+            if s.case.status not in ("PASSED", UNSUPPORTED)
+        )
+        lines.append(
+            PerformanceLine(
+                run=run.label,
+                backend=backend,
+                is_peer=all(s.case.role == PEER_ROLE for s in cases),
+                cases=len(cases),
+                timed=len(timed),
+                ratio=Range.of(ratios),
+                roofline=Range.of(fractions),
+                bound=_most_common([s.bound for s in timed if s.bound]),
+                failing=failing,
+                unsupported=sum(s.case.status == UNSUPPORTED for s in cases),
+                unsupported_reason=_most_common(
+                    [_reason(s) for s in cases if s.case.status == UNSUPPORTED]
+                ),
+            )
+        )
+    return lines
+
+
+def _reason(s: CaseStats) -> str:
+    return " ".join((s.case.error or "no reason given").split())
+
+
+def unsupported_groups(run: AnalysedRun) -> list[Unsupported]:
+    """Each backend's UNSUPPORTED cases, counted per reason, in the order they appear."""
+    counts: Counter[tuple[str, str]] = Counter(
+        (s.case.backend, _reason(s)) for s in run.cases if s.case.status == UNSUPPORTED
+    )
+    return [Unsupported(run.label, b, n, reason) for (b, reason), n in counts.items()]
+
+
+def shown_cases(run: AnalysedRun) -> list[CaseStats]:
+    """The cases worth a row: all but those a backend declared it cannot run."""
+    return [s for s in run.cases if s.case.status != UNSUPPORTED]
+
+
+# -- flags ----------------------------------------------------------------------------------
+
+
+def _run_flags(label: str, record: RunRecord) -> list[Flag]:
+    """Warnings about the run itself: a partial run, and any flag or warning field it carries."""
+    flags = []
+    if record.partial:
+        flags.append(Flag(label, "partial run: it stopped before its last case"))
+    for section in ("timing", "environment"):
+        data = getattr(record, section)
+        for key, value in (data if isinstance(data, dict) else {}).items():
+            if not any(word in str(key).lower() for word in RUN_FLAG_WORDS):
+                continue
+            items = value if isinstance(value, list) else [value]
+            for item in items:
+                if item not in (None, "", [], {}):
+                    flags.append(Flag(label, f"{section}.{key}: {_flat(item)}"))
+    return flags
+
+
+def _flat(value: object) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_flat(v)}" for k, v in value.items())
+    return " ".join(str(value).split())
+
+
+def _flags(run: AnalysedRun) -> list[Flag]:
+    flags = _run_flags(run.label, run.record)
+    for s in run.cases:
+        for text in s.case.flags:
+            flags.append(Flag(run.label, str(text), s.case.workload, s.case.case, s.case.backend))
+    return flags
+
+
+def verdict_of(inputs: Inputs, runs: Sequence[AnalysedRun]) -> Verdict:
+    """The verdict of everything the report was built from."""
+    conformance, failures = _conformance(inputs.conformance)
+    return Verdict(
+        conformance=conformance,
+        performance=[line for run in runs for line in _performance(run)],
+        unsupported=[group for run in runs for group in unsupported_groups(run)],
+        flags=[flag for run in runs for flag in _flags(run)],
+        failures=failures,
+        several_runs=len(runs) > 1,
+    )
