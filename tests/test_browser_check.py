@@ -320,3 +320,50 @@ def test_page_hanging_after_load_fails_within_the_time_limit(
     index = write_page(tmp_path, GOOD_BODY + script)
     result = check_report(index, timeout_s=1, session=session)
     problem_with(result, "page stopped responding after load")
+
+
+# ---------------------------------------------------------------- a generated report, looked at
+
+_LAYOUT_JS = """() => {
+    const top = (id) => document.getElementById(id).getBoundingClientRect().top;
+    const wrapped = Array.from(document.querySelectorAll('td.num')).filter((td) => {
+        const line = parseFloat(getComputedStyle(td).lineHeight) || 16;
+        return td.getBoundingClientRect().height > 2.2 * line;  // one line plus padding
+    }).map((td) => td.textContent);
+    const scales = Array.from(document.querySelectorAll('img[data-figure]')).map(
+        (img) => [img.dataset.figure, img.getBoundingClientRect().width / img.naturalWidth]);
+    return {
+        order: ['verdict', 'figures', 'run-1', 'conformance', 'inputs'].map(top),
+        firstFigure: document.querySelector('img[data-figure]').getBoundingClientRect().top,
+        wrapped,
+        scales,
+        pageWidth: document.documentElement.scrollWidth,
+    };
+}"""
+
+
+@needs_browser
+def test_generated_report_reads_at_1280_px(session: ChromiumSession, tmp_path: Path) -> None:
+    """The verdict above the figures above the inputs, no interval cell wrapping, and every
+    figure shown at nearly its drawn size (its text as legible as drawn), at 1280 px."""
+    from harness.report import build_report
+    from harness.report.browser_check import VIEWPORT
+
+    out = tmp_path / "report"
+    build_report([REPO / "tests" / "data" / "report"], out)
+    result = run_check(session, out / "index.html")
+    assert result.problems == []
+    context = session.browser.new_context(viewport=VIEWPORT)
+    try:
+        page = context.new_page()
+        page.goto((out / "index.html").resolve().as_uri(), wait_until="load")
+        layout = page.evaluate(_LAYOUT_JS)
+    finally:
+        context.close()
+    assert layout["order"] == sorted(layout["order"])
+    assert layout["order"][0] < layout["firstFigure"]
+    assert layout["wrapped"] == []
+    assert layout["pageWidth"] <= VIEWPORT["width"]  # no sideways scrolling
+    assert len(layout["scales"]) == 6
+    for name, scale in layout["scales"]:
+        assert scale >= 0.8, f"{name} shown at {scale:.0%} of its size"

@@ -138,7 +138,8 @@ class Verdict:
                 parts.append(f"conformance failed for {names}")
             else:
                 count = len(self.conformance)
-                parts.append(f"{count} of {_plural(count, 'backend')} conform")
+                verb = "conforms" if count == 1 else "conform"
+                parts.append(f"{count} of {_plural(count, 'backend')} {verb}")
         if self.performance:
             timed = sum(line.timed for line in self.performance if not line.is_peer)
             failing = self.failing_cases
