@@ -11,6 +11,7 @@ from harness.conformance.check_matrix import (
     quick_coverage,
     quick_scenarios,
     run_quick_check,
+    triage_lines,
 )
 from harness.core.contract import Capabilities
 from harness.core.errors import Unsupported
@@ -74,3 +75,41 @@ def test_nan_from_unused_cache_memory_is_explained() -> None:
     nan = [r for r in failed if "non-finite" in r.detail]
     assert nan, [r.detail for r in failed[:3]]
     assert "holds NaN by design" in nan[0].detail
+
+
+def _narrowed(cls: type) -> BackendEntry:
+    """``cls`` claiming one dtype, page size and head dim: the matrix's 24 cases, fast."""
+
+    class Narrowed(cls):  # type: ignore[misc, valid-type]
+        @classmethod
+        def capabilities(cls) -> Capabilities:
+            return Capabilities(dtypes=(torch.float32,), page_sizes=(3,), head_dims=(16,))
+
+    return BackendEntry(name=cls.__name__, cls=Narrowed, origin="test")
+
+
+def test_the_triage_names_the_batch_kind_of_a_mask_bug() -> None:
+    from suites.mutants.backends import TopLeftCausal
+
+    results = run_quick_check(_narrowed(TopLeftCausal))
+    (line,) = triage_lines(results)
+    assert line.startswith("TopLeftCausal: 18 failures, all with batch kind ")
+    assert "every example with batch kind prefill held (6)" in line
+
+
+def test_the_triage_names_the_pool_layout_of_a_page_offset_bug() -> None:
+    from suites.mutants.backends import IgnoresPageOffset
+
+    (line,) = triage_lines(run_quick_check(_narrowed(IgnoresPageOffset)))
+    assert "all with pool layout per_rank" in line
+    assert "every example with pool layout shared held" in line
+
+
+def test_a_bug_in_every_case_is_said_to_be_everywhere() -> None:
+    from suites.mutants.backends import GqaModulo
+
+    (line,) = triage_lines(run_quick_check(_narrowed(GqaModulo)))
+    assert line == "GqaModulo: 24 failures in the quick check alone: every example of it " + (
+        "failed, whatever its shape"
+    )
+    assert triage_lines(run_quick_check(_narrowed(ReferenceBackend))) == []

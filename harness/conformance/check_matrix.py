@@ -46,6 +46,7 @@ class CaseResult:
     case: str
     status: str  # PASSED, FAILED, UNSUPPORTED, ERROR
     detail: str
+    scenario: Scenario | None = None  # the case's step (for the triage), when it has one
 
 
 @dataclass(frozen=True)
@@ -203,10 +204,40 @@ def run_quick_check(entry: BackendEntry) -> list[CaseResult]:
             status, detail = _run_case(entry, scenario)
         except Unsupported as exc:  # every case lies inside the claim: a refusal breaks it
             detail = f"raised Unsupported inside its declared capabilities: {exc}"
-            results.append(CaseResult(entry.name, case, "FAILED", detail))
+            results.append(CaseResult(entry.name, case, "FAILED", detail, scenario))
             continue
         except Exception as exc:  # reported per case, with its type, never swallowed silently
-            results.append(CaseResult(entry.name, case, "ERROR", f"{type(exc).__name__}: {exc}"))
+            error = f"{type(exc).__name__}: {exc}"
+            results.append(CaseResult(entry.name, case, "ERROR", error, scenario))
             continue
-        results.append(CaseResult(entry.name, case, status, detail))
+        results.append(CaseResult(entry.name, case, status, detail, scenario))
     return results
+
+
+def triage_lines(results: list[CaseResult]) -> list[str]:
+    """What separates one backend's failed cases from its passed ones, in one line.
+
+    The matrix varies batch kind, DP rank, layout, dtype, page size and head
+    dim one at a time, so a bug that lives in one of them fails exactly the
+    cases with its value ("all with batch kind prefill or extend; every
+    example with batch kind decode held"). Nothing when every case passed.
+    """
+    from harness.conformance.triage import Group, TriageLog, cause_line, explain
+
+    bad = [r for r in results if r.status in ("FAILED", "ERROR") and r.scenario is not None]
+    if not bad:
+        return []
+    log = TriageLog()
+    for result in results:
+        if result.scenario is None:
+            continue
+        named = {"batch": result.case.split()[0]}  # the matrix's batch, not a row-kind mix
+        if result.status == "PASSED":
+            log.held(result.backend, "check", [result.scenario], named)
+        elif result.status in ("FAILED", "ERROR"):
+            log.failed(result.backend, "check", [result.scenario], named)
+    evidence = log.tests(bad[0].backend)["check"]
+    cause = explain(evidence.failed, evidence.held)
+    group = Group(bad, cause, property_only=None if cause else "the quick check")
+    group.every_example_failed = cause is None and not evidence.held
+    return [f"{bad[0].backend}: {cause_line(group)}"]

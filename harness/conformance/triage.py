@@ -119,12 +119,15 @@ ExampleKey = tuple[tuple[str, frozenset[str]], ...]
 """One example's labels: ``(dimension, labels of its rank steps)`` for every dimension."""
 
 
-def example_key(scenarios: Iterable[Any]) -> ExampleKey:
-    """The labels of one example (every rank's step of it), hashable."""
+def example_key(scenarios: Iterable[Any], named: dict[str, str] | None = None) -> ExampleKey:
+    """The labels of one example (every rank's step of it), hashable; ``named`` replaces
+    labels by the caller's own (the quick check's batch names)."""
     found: dict[str, set[str]] = {d: set() for d in TRIAGE_DIMENSIONS}
     for scenario in scenarios:
         for dimension, label in triage_labels(scenario).items():
             found[dimension].add(label)
+    for dimension, label in (named or {}).items():
+        found[dimension] = {label}
     return tuple((d, frozenset(found[d])) for d in TRIAGE_DIMENSIONS if found[d])
 
 
@@ -145,13 +148,17 @@ class TriageLog:
     def _evidence(self, backend: str, test: str) -> TestEvidence:
         return self.backends.setdefault(backend, {}).setdefault(test, TestEvidence())
 
-    def held(self, backend: str, test: str, scenarios: Iterable[Any]) -> None:
-        key = example_key(scenarios)
+    def held(
+        self, backend: str, test: str, scenarios: Iterable[Any], named: dict[str, str] | None = None
+    ) -> None:
+        key = example_key(scenarios, named)
         if key:
             self._evidence(backend, test).held[key] += 1
 
-    def failed(self, backend: str, test: str, scenarios: Iterable[Any]) -> None:
-        key = example_key(scenarios)
+    def failed(
+        self, backend: str, test: str, scenarios: Iterable[Any], named: dict[str, str] | None = None
+    ) -> None:
+        key = example_key(scenarios, named)
         if key:
             self._evidence(backend, test).failed[key] += 1
 
