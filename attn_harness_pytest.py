@@ -141,6 +141,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "header, a live line on a terminal, the verdict table and one entry per failure",
     )
     group.addoption(
+        "--progress-every",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="with the compact output and no terminal: print a progress line (tests done, "
+        "an estimate of the rest) this often (default: 30 s)",
+    )
+    group.addoption(
         "--conformance-cli",
         action="store_true",
         help=argparse.SUPPRESS,  # set by `attn-harness conform`: replays name that command

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -103,7 +104,22 @@ def test_a_passing_run_prints_header_table_and_verdict_only(conform):
     assert "passed (" in table
     assert "FAILED" not in out
     assert "site-packages" not in out
-    assert "[  " not in out
+    progress = [line for line in out.splitlines() if line.startswith("[")]
+    assert all(PROGRESS.match(line) for line in progress), progress  # only progress lines
+
+
+PROGRESS = re.compile(r"\[ *\d+ s\] [^:]+: \d+/\d+ tests done")
+
+
+def test_without_a_terminal_progress_lines_say_tests_done_and_what_runs(conform):
+    result = conform(
+        "--backend", "reference", "--", "-k", "test_outputs_match_oracle", "--progress-every", "0.2"
+    )
+    assert result.returncode == EXIT_OK, result.stdout[-2000:]
+    progress = [line for line in result.stdout.splitlines() if PROGRESS.match(line)]
+    assert progress, result.stdout[-2000:]
+    assert all("reference: " in line and "/3 tests done" in line for line in progress)
+    assert any("(now test_outputs_match_oracle[" in line for line in progress)
 
 
 def test_failing_backend_exits_1_with_scenario_error_and_a_replay_that_reruns_it(conform):

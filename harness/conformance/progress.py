@@ -4,7 +4,7 @@ A run of the whole suite takes minutes to an hour; a log that says nothing
 for twenty minutes reads as a hang. On a terminal one transient line shows
 the running test and its examples; without one (a log file, CI) a line
 like ``[  120 s] reference: 12/49 tests done, about 3 min left`` is printed
-every ``PLAIN_EVERY_S`` seconds, from a timer thread, so a long test still
+every ``PLAIN_EVERY_S`` seconds (``--progress-every``), from a timer thread, so a long test still
 shows the run is alive. The main job reads the last such line of each
 backend's log for its own progress line (pattern: ``N/M tests done``).
 """
@@ -136,6 +136,6 @@ class LiveLine:
             self._stream = None
 
 
-def progress_display(who: str, quiet: bool) -> Any:
+def progress_display(who: str, quiet: bool, every_s: float = PLAIN_EVERY_S) -> Any:
     """The live line on a terminal; plain periodic lines when ``quiet`` (no terminal, CI)."""
-    return PlainProgress(who) if quiet else LiveLine()
+    return PlainProgress(who, every_s) if quiet else LiveLine()

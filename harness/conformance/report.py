@@ -373,7 +373,8 @@ class CompactReporter:
     def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
         if self.live is None:
             self.header()
-            self.live = progress_display(", ".join(self.backends), quiet=_quiet())
+            every = float(self.config.getoption("progress_every", 30.0))
+            self.live = progress_display(", ".join(self.backends), quiet=_quiet(), every_s=every)
         self.live.start_test(self.done, self.total, nodeid.rpartition("::")[2])
 
     def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
