@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -35,8 +36,13 @@ def _set_entry_points(monkeypatch: pytest.MonkeyPatch, *eps: object) -> None:
 
 @pytest.fixture(autouse=True)
 def _isolated(monkeypatch: pytest.MonkeyPatch):
-    """A fresh default registry without real entry points; no spec modules left behind."""
+    """A fresh default registry without real entry points; no spec modules left behind.
+
+    The output is as wide as it likes (``list``'s table on one line per backend),
+    whatever terminal runs the tests; the width tests set their own.
+    """
     _set_entry_points(monkeypatch)
+    monkeypatch.setenv("COLUMNS", "250")
     monkeypatch.setattr(registry, "_DEFAULT", BackendRegistry())
     before = {m for m in sys.modules if m.startswith(SPEC_MODULE_PREFIX)}
     yield
@@ -60,17 +66,22 @@ def _rows(out: str) -> dict[str, list[str]]:
 
 
 def test_no_subcommand_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as info:
-        main([])
-    assert info.value.code == 2
-    assert "usage:" in capsys.readouterr().err
+    assert main([]) == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        "attn-harness: error: the following arguments are required: command "
+        "(see 'attn-harness --help')\n"
+    )
 
 
-def test_unknown_option_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as info:
-        main(["list", "--no-such-option"])
-    assert info.value.code == 2
-    assert "--no-such-option" in capsys.readouterr().err
+def test_unknown_option_is_the_commands_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list", "--no-such-option"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err == "attn-harness list: error: unrecognized arguments: --no-such-option\n"
+
+
+def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list", "--help"]) == EXIT_OK
+    assert "usage: attn-harness list" in capsys.readouterr().out
 
 
 # -- list ---------------------------------------------------------------------------
@@ -170,7 +181,7 @@ def test_bad_spec_is_a_clean_usage_error(
 ) -> None:
     assert main([command, "--backend", spec]) == EXIT_USAGE
     captured = capsys.readouterr()
-    assert captured.err.startswith("attn-harness: error: ")
+    assert captured.err.startswith(f"attn-harness {command}: error: --backend {spec}: ")
     assert spec in captured.err
     assert "Traceback" not in captured.err
     assert captured.out == ""
@@ -180,7 +191,7 @@ def test_bad_spec_is_a_clean_usage_error(
 def test_unknown_name_lists_available(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([command, "--backend", "nope"]) == EXIT_USAGE
     err = capsys.readouterr().err
-    assert err.startswith("attn-harness: error: ")
+    assert err.startswith(f"attn-harness {command}: error: --backend nope: ")
     assert "'nope'" in err
     assert "Available: compiled, flex, reference, sdpa, triton" in err
     assert "Traceback" not in err
@@ -433,6 +444,7 @@ def test_python_m_harness_list_runs() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "harness", "list"],
         cwd=REPO_ROOT,
+        env={**os.environ, "COLUMNS": "250"},
         capture_output=True,
         text=True,
         timeout=120,

@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from harness.bench.table import render
-from harness.core.arg_types import positive_float, positive_int
+from harness.cli.usage import UsageError, resolve_backends, workloads, writable
+from harness.core.arg_types import OneLineParser, device, output_file, positive_float, positive_int
 from harness.core.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from harness.core.text_table import aligned
 
@@ -37,10 +38,6 @@ DEFAULT_WORKLOAD_NAMES = ("decode-sweep", "prefill-sweep", "extend", "mixed", "d
 DEFAULT_MIN_SAMPLES, DEFAULT_MAX_SAMPLES = 5, 100
 DEFAULT_BUDGET_S, DEFAULT_TARGET_CI = 1.0, 0.05
 DEFAULT_TIMEOUT_S = 600.0
-
-
-class UsageError(Exception):
-    """A bad command line, found before anything runs."""
 
 
 def add_bench_command(subparsers: Any) -> None:
@@ -78,8 +75,9 @@ def add_bench_command(subparsers: Any) -> None:
     )
     p.add_argument(
         "--device",
-        choices=("cpu", "cuda"),
+        type=device,
         default="cpu",
+        metavar="{cpu,cuda}",
         help="device the cases run and are timed on (default: cpu)",
     )
     p.add_argument(
@@ -91,6 +89,7 @@ def add_bench_command(subparsers: Any) -> None:
     )
     p.add_argument(
         "--out",
+        type=output_file,
         metavar="FILE",
         help="write the results file (JSON, schema version 1: environment, ceilings, "
         "every raw sample) here, atomically (default: print the table only)",
@@ -219,41 +218,16 @@ class Progress:
 
 
 def _check_usage(args: argparse.Namespace) -> tuple[list[BackendEntry], list[Workload]]:
-    import torch
-
-    from harness.bench.workloads import DEFAULT_WORKLOADS, get_workload
-    from harness.core.errors import BackendLoadError
-    from harness.core.registry import default_registry
-    from harness.results.store import check_writable
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise UsageError(
-            f"--device cuda: no CUDA device is available (torch {torch.__version__}, "
-            f"built with CUDA {torch.version.cuda or 'no'})"
-        )
-    try:
-        workloads = [get_workload(name) for name in (args.workload or DEFAULT_WORKLOADS)]
-    except KeyError as exc:
-        raise UsageError(exc.args[0]) from None
-    registry = default_registry()
-    try:
-        with contextlib.redirect_stdout(sys.stderr):  # a chatty module keeps the table clean
-            backends = [registry.resolve(s) for s in args.backend] if args.backend else None
-    except KeyError as exc:
-        raise UsageError(exc.args[0]) from None
-    except BackendLoadError as exc:
-        raise UsageError(str(exc)) from None
-    if backends is None:
-        backends = registry.entries()
+    """The backends and workloads asked for, once every value has been checked."""
+    found = workloads(args.workload)
+    # --list-workloads needs no backend: the registered ones are not loaded for it
+    backends = resolve_backends(args.backend) if args.backend or not args.list_workloads else []
     if args.max_samples < args.min_samples:
         raise UsageError(
             f"--max-samples ({args.max_samples}) is below --min-samples ({args.min_samples})"
         )
-    if args.out is not None:
-        problem = check_writable(args.out)
-        if problem is not None:
-            raise UsageError(f"--out {args.out}: {problem}")
-    return backends, workloads
+    writable(args.out, "--out")
+    return backends, found
 
 
 def _config(args: argparse.Namespace) -> BenchConfig:
@@ -287,21 +261,17 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str] | None = None) -> in
     from harness.bench.workloads import list_workloads
     from harness.results.store import ResultsError, save_results
 
+    backends, chosen = _check_usage(args)  # a UsageError: one line, exit 2 (cli.main)
+    config = _config(args)
     if args.list_workloads:
         print(render_workloads(list_workloads()))
         return EXIT_OK
-    try:
-        backends, workloads = _check_usage(args)
-        config = _config(args)
-    except UsageError as exc:
-        print(f"attn-harness bench: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     progress = Progress(enabled=not args.no_progress)
     try:
         with contextlib.redirect_stdout(sys.stderr):  # a backend's prints stay out of the table
             record = bench.run_benchmarks(
                 backends,
-                workloads,
+                chosen,
                 config,
                 progress=progress,
                 command=list(argv) if argv is not None else sys.argv,
@@ -324,14 +294,18 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str] | None = None) -> in
 
 def build_parser() -> argparse.ArgumentParser:
     """A parser with only ``bench``: for running this module on its own."""
-    parser = argparse.ArgumentParser(prog="attn-harness")
+    parser = OneLineParser(prog="attn-harness")
     add_bench_command(parser.add_subparsers(dest="command", required=True))
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(cmd_bench(args, argv))
+    try:
+        return int(cmd_bench(args, argv))
+    except UsageError as exc:
+        print(f"attn-harness bench: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

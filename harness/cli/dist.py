@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness.core.arg_types import at_least, positive_float, positive_int
+from harness.core.arg_types import (
+    at_least,
+    dtype,
+    integer,
+    output_file,
+    positive_float,
+    positive_int,
+    torch_device,
+)
 from harness.core.atomic_file import write_json_atomically
 from harness.core.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from harness.dist.faults import Fault
@@ -37,9 +46,11 @@ def add_dist_command(subparsers: Any) -> None:
         default=120.0,
         help="seconds without progress before the run is ended as hung (default 120)",
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--seed", type=integer, default=0)
+    p.add_argument("--dtype", default="float32", type=dtype, metavar="{float32,float16,bfloat16}")
+    p.add_argument(
+        "--device", default="cpu", type=torch_device, help="cpu, cuda or cuda:N (default cpu)"
+    )
     p.add_argument(
         "--graph",
         action="store_true",
@@ -51,11 +62,26 @@ def add_dist_command(subparsers: Any) -> None:
         "--inject",
         action="append",
         default=[],
+        type=_fault,
         metavar="KIND@RANK:STEP",
         help="plant a fault, to test the harness itself: raise, hang, kill, count-length, "
         "negative-count or overclaim",
     )
     p.set_defaults(func=cmd_dist)
+
+
+def _fault(text: str) -> str:
+    """A ``--inject`` value whose form is right (its rank and step are checked against the run)."""
+    try:
+        Fault.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _error(command: str, problem: str) -> int:
+    print(f"attn-harness {command}: error: {problem}", file=sys.stderr)
+    return EXIT_USAGE
 
 
 def worker_args(args: argparse.Namespace) -> list[str]:
@@ -80,19 +106,51 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
     from harness.results.store import check_writable
 
     for text in args.inject:
-        try:
-            fault = Fault.parse(text)
-        except ValueError as exc:
-            return str(exc)
+        fault = Fault.parse(text)
         if fault.rank >= args.dp_size:
-            return f"fault {text}: rank {fault.rank} >= dp_size {args.dp_size}"
+            return f"--inject {text}: rank {fault.rank} >= dp_size {args.dp_size}"
         if not 1 <= fault.step <= args.steps:
-            return f"fault {text}: step {fault.step} is outside the run's steps 1..{args.steps}"
+            return f"--inject {text}: step {fault.step} is outside the run's steps 1..{args.steps}"
     if args.json is not None:
         problem = check_writable(args.json)
         if problem is not None:
             return f"--json: {problem}"
-    return group_problem(args.dist_backend, args.device, args.dp_size)
+    return group_problem(args.dist_backend, args.device, args.dp_size) or _claim_problem(args)
+
+
+def _claim_problem(args: argparse.Namespace) -> str | None:
+    """A backend that cannot load, or whose claim leaves this run out: as each rank would find."""
+    from harness.cli.usage import UsageError, resolve_backends
+    from harness.dist.claims import claim_problems, fit_claim
+    from harness.dist.group import rank_device
+    from harness.dist.schedule import DistSetup
+
+    try:
+        (entry,) = resolve_backends([args.backend])
+    except UsageError as exc:
+        return str(exc)
+    setup = DistSetup(
+        dp_size=args.dp_size,
+        steps=args.steps,
+        seed=args.seed,
+        dtype=args.dtype,
+        device=rank_device(args.device, 0),
+        graph=args.graph,
+    )
+    s = fit_claim(setup, entry.capabilities)
+    problems = claim_problems(
+        entry,
+        dtype=s.torch_dtype,
+        device=s.device,
+        dp_sizes=[args.dp_size],
+        page_size=s.page_size,
+        head_dim=s.head_dim,
+        longest=s.longest,
+        padding=s.graph,
+    )
+    if problems:
+        return f"backend {entry.name!r} cannot run this: {'; '.join(problems)}"
+    return None
 
 
 def cmd_dist(args: argparse.Namespace) -> int:
@@ -100,8 +158,7 @@ def cmd_dist(args: argparse.Namespace) -> int:
 
     problem = _usage_problem(args)
     if problem is not None:
-        print(f"attn-harness dist: error: {problem}")
-        return EXIT_USAGE
+        return _error("dist", problem)
     print(f"dist: {args.dp_size} ranks of {args.backend!r}, {args.steps} steps, seed {args.seed}")
     try:
         with tempfile.TemporaryDirectory(prefix="attn-harness-dist-") as run_dir:
@@ -182,19 +239,18 @@ def add_dist_bench_command(subparsers: Any) -> None:
     p.add_argument("--context", type=positive_int, default=512, help="context length of each")
     p.add_argument("--steps", type=at_least(5), default=20, help="timed steps per dp size (>= 5)")
     p.add_argument("--warmup", type=at_least(0), default=3, help="untimed steps first")
-    p.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", type=dtype, metavar="{float32,float16,bfloat16}")
+    p.add_argument("--device", default="cpu", type=torch_device, help="cpu, cuda or cuda:N")
     p.add_argument("--timeout", type=positive_float, default=120.0)
-    p.add_argument("--out", type=Path, required=True, help="results file to write")
+    p.add_argument("--out", type=output_file, required=True, help="results file to write")
     p.set_defaults(func=cmd_dist_bench)
 
 
 def _bench_problem(args: argparse.Namespace, load: Any) -> str | None:
     """What stops the sweep before it starts: the output, the group, the backend's claim."""
+    from harness.cli.usage import UsageError, resolve_backends
     from harness.dist.claims import claim_problems
-    from harness.dist.failures import UsageProblem
     from harness.dist.group import group_problem
-    from harness.dist.worker import resolve_entry
     from harness.results.store import check_writable
 
     problem = check_writable(args.out)
@@ -206,8 +262,8 @@ def _bench_problem(args: argparse.Namespace, load: Any) -> str | None:
     if problem is not None:
         return problem
     try:
-        entry = resolve_entry(args.backend)
-    except UsageProblem as exc:
+        (entry,) = resolve_backends([args.backend])
+    except UsageError as exc:
         return str(exc)
     spec = load.spec(1)
     problems = claim_problems(
@@ -225,8 +281,6 @@ def _bench_problem(args: argparse.Namespace, load: Any) -> str | None:
 
 
 def cmd_dist_bench(args: argparse.Namespace) -> int:
-    import sys
-
     from harness.core.text_table import aligned
     from harness.dist.scaling import ScalingLoad, sweep
     from harness.results.store import FAILING_STATUSES, save_results
@@ -240,8 +294,7 @@ def cmd_dist_bench(args: argparse.Namespace) -> int:
     )
     problem = _bench_problem(args, load)
     if problem is not None:
-        print(f"attn-harness dist-bench: error: {problem}")
-        return EXIT_USAGE
+        return _error("dist-bench", problem)
     record = sweep(
         args.backend,
         args.dp_sizes,

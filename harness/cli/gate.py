@@ -4,25 +4,22 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from harness.core.arg_types import fraction
+from harness.core.arg_types import (
+    creatable_file,
+    fraction,
+    input_file,
+    input_path,
+    name_pair,
+    output_file,
+)
 from harness.core.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from harness.core.text_table import aligned
+from harness.core.text_table import aligned, fitted, terminal_width, wrapped
 
 DEFAULT_BASELINE_ROOT = "reports"
-
-
-def _rename(pairs: Sequence[str]) -> dict[str, str]:
-    mapping: dict[str, str] = {}
-    for pair in pairs:
-        candidate, sep, baseline = pair.partition("=")
-        if not sep or not candidate or not baseline:
-            raise ValueError(f"--match {pair!r}: expected CANDIDATE_BACKEND=BASELINE_BACKEND")
-        mapping[candidate] = baseline
-    return mapping
 
 
 def add_gate_command(subparsers: Any) -> None:
@@ -40,6 +37,7 @@ def add_gate_command(subparsers: Any) -> None:
     p.add_argument(
         "results",
         nargs="+",
+        type=input_path,
         metavar="RESULTS",
         help="candidate results files or folders: results JSON, pytest-benchmark JSON from "
         "suites/benchmarks, JUnit XML from 'attn-harness conform --junitxml'; several runs "
@@ -48,6 +46,7 @@ def add_gate_command(subparsers: Any) -> None:
     p.add_argument(
         "--baseline",
         required=True,
+        type=input_path,
         metavar="FILE|DIR",
         help="a baseline (attn-harness baseline), a results file, or a folder of baselines "
         "(DIR/DEVICE_CLASS/baseline.json, picked by the results' device class)",
@@ -64,10 +63,13 @@ def add_gate_command(subparsers: Any) -> None:
         default=DEFAULT_THRESHOLD,
         help=f"relative slow-down that fails (default {DEFAULT_THRESHOLD})",
     )
-    p.add_argument("--junitxml", metavar="FILE", help="also write the verdicts as JUnit XML")
+    p.add_argument(
+        "--junitxml", type=output_file, metavar="FILE", help="also write the verdicts as JUnit XML"
+    )
     p.add_argument(
         "--match",
         action="append",
+        type=name_pair,
         default=[],
         metavar="CANDIDATE=BASELINE",
         help="compare the candidate's backend CANDIDATE with the baseline's BASELINE "
@@ -93,9 +95,12 @@ def add_baseline_command(subparsers: Any) -> None:
         "baseline",
         help="pool >= 3 results files of one device class into a baseline for the gate",
     )
-    p.add_argument("results", nargs="+", metavar="RESULTS", help="results files (>= 3 runs)")
+    p.add_argument(
+        "results", nargs="+", type=input_file, metavar="RESULTS", help="results files (>= 3 runs)"
+    )
     p.add_argument(
         "--out",
+        type=creatable_file,
         metavar="FILE",
         help="default: reports/baselines/DEVICE_CLASS/baseline.json",
     )
@@ -116,12 +121,42 @@ def _worth_showing(case: Any, threshold: float) -> bool:
     return False
 
 
-def _table(report: Any, verbose: bool) -> list[str]:
+SHOWN_ONE_SIDED = 5
+"""MISSING or NEW cases listed one by one without ``-v``; past this, counted per workload."""
+
+_ONE_SIDED = {
+    "MISSING": "in the baseline, not in the candidate",
+    "NEW": "in the candidate, not in the baseline",
+}
+
+
+def _one_sided_summary(verdict: str, cases: list[Any]) -> str:
+    """``117 cases MISSING (...): decode-sweep x 40, ... (-v lists them)``: one line, not 117."""
+    per_workload = Counter(case.key.split("@", 1)[0] for case in cases)
+    counts = ", ".join(f"{name} x {n}" for name, n in per_workload.items())
+    return f"{len(cases)} cases {verdict} ({_ONE_SIDED[verdict]}): {counts} (-v lists them)"
+
+
+def _table(report: Any, verbose: bool, width: int) -> list[str]:
+    """The cases worth a look (every case with ``verbose``), fitted to ``width``.
+
+    Without ``verbose``, many MISSING or NEW cases (a partial run, a new
+    workload) are counted per workload on one line each instead of listed;
+    the JUnit report always has every case.
+    """
     shown = [c for c in report.cases if verbose or _worth_showing(c, report.threshold)]
-    hidden = len(report.cases) - len(shown)
+    summaries = []
+    for verdict in _ONE_SIDED:
+        same = [c for c in shown if c.verdict == verdict]
+        if not verbose and len(same) > SHOWN_ONE_SIDED:
+            shown = [c for c in shown if c.verdict != verdict]
+            summaries.append(_one_sided_summary(verdict, same))
+    hidden = sum(not verbose and not _worth_showing(c, report.threshold) for c in report.cases)
     more = [f"({hidden} more cases, each within the threshold or not compared: -v lists them)"]
     rows = [["verdict", "case", "detail"], *([c.verdict, c.key, c.detail] for c in shown)]
-    return (aligned(rows) if shown else []) + (more if hidden else [])
+    table = (fitted(rows, width) or aligned(rows)) if shown else []
+    lines = [*table, *summaries, *(more if hidden else [])]
+    return [part for line in lines for part in ([line] if line in table else wrapped(line, width))]
 
 
 def _conformance_failures(inputs: Any) -> list[str]:
@@ -156,10 +191,10 @@ def cmd_gate(args: argparse.Namespace) -> int:
     from harness.report.inputs import ReportError, load_inputs
     from harness.results.store import check_writable
 
+    rename = dict(args.match)
     try:
-        rename = _rename(args.match)
         inputs = load_inputs(args.results)
-    except (ReportError, ValueError) as exc:
+    except ReportError as exc:
         return _error("gate", str(exc))
     if args.junitxml and (why := check_writable(args.junitxml)):
         return _error("gate", f"--junitxml {args.junitxml}: {why}")
@@ -168,7 +203,14 @@ def cmd_gate(args: argparse.Namespace) -> int:
         return _error("gate", "no benchmark results among the inputs (only conformance reports)")
     for bench in inputs.bench:
         if bench.record.partial:  # its missing cases are listed as MISSING below
-            print(f"attn-harness gate: note: {bench.path} is a partial run (cut short)")
+            print(
+                "\n".join(
+                    wrapped(
+                        f"attn-harness gate: note: {bench.path} is a partial run (cut short)",
+                        terminal_width(),
+                    )
+                )
+            )
     classes = sorted({device_class(r.environment) for r in runs})
     baseline_path = Path(args.baseline)
     if baseline_path.is_dir():
@@ -181,7 +223,13 @@ def cmd_gate(args: argparse.Namespace) -> int:
             )
             if not args.no_baseline_ok:
                 return _error("gate", message)
-            print(f"attn-harness gate: {message}: performance NOT compared")
+            print(
+                "\n".join(
+                    wrapped(
+                        f"attn-harness gate: {message}: performance NOT compared", terminal_width()
+                    )
+                )
+            )
             return _statuses_only(runs, inputs, args)
     try:
         baseline = load_baseline(baseline_path)
@@ -200,19 +248,31 @@ def cmd_gate(args: argparse.Namespace) -> int:
     compared = [c for c in report.cases if c.change is not None or c.verdict == "FAIL"]
     if not compared and not failures:
         return _error("gate", "the results and the baseline share no case that can be compared")
-    lines = _table(report, args.verbose)
-    print(
+    width = terminal_width()
+    say = _printer(width)
+    say(
         f"attn-harness gate: {len(runs)} candidate run(s) vs {len(baseline.runs)} baseline run(s) "
         f"({baseline.device_class}); unit: each case's forward time / its in-run peer's"
     )
-    for line in [*report.notes, *lines]:
+    for note in report.notes:
+        say(note)
+    for line in _table(report, args.verbose, width):
         print(line)
     for failure in failures:
-        print(f"FAIL conformance: {failure}")
+        say(f"FAIL conformance: {failure}")
     if args.junitxml:
         write_gate_junit(report, args.junitxml)
-    print(_closing(report))
+    say(_closing(report))
     return EXIT_FAILED if report.failed else EXIT_OK
+
+
+def _printer(width: int) -> Any:
+    """``print`` for a line of prose, broken at spaces to ``width`` (continuations indented)."""
+
+    def say(line: str) -> None:
+        print("\n".join(wrapped(line, width)))
+
+    return say
 
 
 def _statuses_only(runs: list[Any], inputs: Any, args: argparse.Namespace) -> int:
@@ -223,14 +283,16 @@ def _statuses_only(runs: list[Any], inputs: Any, args: argparse.Namespace) -> in
     failures = _conformance_failures(inputs)
     report = status_failures(runs, args.threshold)
     report.conformance_failures = failures
-    for line in _table(report, verbose=False):
+    width = terminal_width()
+    say = _printer(width)
+    for line in _table(report, args.verbose, width):
         print(line)
     for failure in failures:
-        print(f"FAIL conformance: {failure}")
+        say(f"FAIL conformance: {failure}")
     if args.junitxml:
         write_gate_junit(report, args.junitxml)
     verdict = "FAILED" if report.failed else "PASSED"
-    print(f"attn-harness gate: {verdict} (statuses and conformance only, no performance baseline)")
+    say(f"attn-harness gate: {verdict} (statuses and conformance only, no performance baseline)")
     return EXIT_FAILED if report.failed else EXIT_OK
 
 

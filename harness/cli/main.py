@@ -18,8 +18,11 @@ from harness.cli.dist import add_dist_bench_command, add_dist_command
 from harness.cli.gate import add_baseline_command, add_gate_command
 from harness.cli.report import add_report_command
 from harness.cli.run import add_run_command
+from harness.cli.usage import UsageError, resolve_backends
+from harness.conformance.plugin_names import PROFILE_NAMES
+from harness.core.arg_types import OneLineParser, device, one_of, output_file
 from harness.core.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
-from harness.core.text_table import aligned
+from harness.core.text_table import aligned, fitted, terminal_width, wrapped
 
 if TYPE_CHECKING:
     from harness.core.registry import BackendEntry
@@ -79,17 +82,52 @@ def _variants(caps: Any) -> list[str]:
     return words
 
 
-def _resolve_all(specs: Sequence[str]) -> list[BackendEntry]:
-    """The entries for ``specs`` (all registered when none); a module's prints go to stderr."""
-    from harness.core.registry import default_registry
+LIST_COLUMNS = {
+    "name": "name",
+    "origin": "origin",
+    "dp_aware": "dp-aware",
+    "dtypes": "dtypes",
+    "devices": "devices",
+    "page_sizes": "page sizes",
+    "head_dims": "head dims",
+    "max_seq_len": "max len",
+    "graph_mode": "graph",
+    "non_causal": "non-causal",
+    "max_dp_size": "max dp",
+    "variants": "variants",
+}
+"""``list``'s columns: the key in ``--json``, the heading in the table."""
 
-    registry = default_registry()
-    with contextlib.redirect_stdout(sys.stderr):  # keeps `list --json` parseable
-        return [registry.resolve(s) for s in specs] if specs else registry.entries()
+
+def _list_lines(described: list[dict[str, object]], width: int) -> list[str]:
+    """The table when it fits ``width`` (cells wrapped); else one block per backend.
+
+    Twelve columns need about 95 characters however their cells are wrapped;
+    on a narrower terminal each backend gets its name on a line, then its
+    ``heading value`` pairs packed into indented lines. Nothing is cut: the
+    same values either way, as ``--json`` has them.
+    """
+    rows = [list(LIST_COLUMNS.values())]
+    rows += [[_cell(d[k]) for k in LIST_COLUMNS] for d in described]
+    table = fitted(rows, width)
+    if table is not None:
+        return table
+    lines: list[str] = []
+    for d in described:
+        lines.append(str(d["name"]))
+        pairs = [f"{LIST_COLUMNS[k]} {_cell(d[k])}" for k in LIST_COLUMNS if k != "name"]
+        line = ""
+        for pair in pairs:
+            if line and len(line) + 2 + len(pair) > width:
+                lines += wrapped(line, width, indent="    ")
+                line = ""
+            line = f"{line}  {pair}" if line else f"  {pair}"
+        lines += wrapped(line, width, indent="    ")
+    return lines
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    entries = _resolve_all(args.backend)
+    entries = resolve_backends(args.backend)
     described = [_describe(e) for e in entries]
     from harness.core.registry import default_registry
 
@@ -97,36 +135,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"backends": described, "load_errors": errors}, indent=2))
         return EXIT_OK
-    header = [
-        "name",
-        "origin",
-        "dp-aware",
-        "dtypes",
-        "devices",
-        "page sizes",
-        "head dims",
-        "max len",
-        "graph",
-        "non-causal",
-        "max dp",
-        "variants",
-    ]
-    keys = [
-        "name",
-        "origin",
-        "dp_aware",
-        "dtypes",
-        "devices",
-        "page_sizes",
-        "head_dims",
-        "max_seq_len",
-        "graph_mode",
-        "non_causal",
-        "max_dp_size",
-        "variants",
-    ]
-    rows = [header] + [[_cell(d[k]) for k in keys] for d in described]
-    print("\n".join(aligned(rows)))
+    print("\n".join(_list_lines(described, terminal_width())))
     for name, problem in sorted(errors.items()):
         print(f"warning: entry point {name!r} not loaded: {problem}", file=sys.stderr)
     return EXIT_OK
@@ -160,11 +169,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     from harness.core.triton_mode import interpret_triton_here
 
     interpret_triton_here()  # the quick check runs on the CPU: Triton kernels are interpreted
-    entries = _resolve_all(args.backend)
+    entries = resolve_backends(args.backend)
     if not args.backend:  # a default run leaves out what claims no CPU (a missing extra)
         entries, others = split_by_device(entries, "cpu")
         for entry in others:
             print(f"{entry.name} not checked: registered, but claims no 'cpu' device here")
+    width = terminal_width()
     rows = [["backend", "passed", "failed", "errors", "unsupported", "first failure"]]
     covered: list[str] = []
     any_bad = False
@@ -182,7 +192,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         }
         bad = [r for r in results if r.status in ("FAILED", "ERROR")]
         for line in _case_lines(entry.name, results if args.verbose else bad, args.verbose):
-            print(line)
+            print(line)  # one line per case, whole: what a log search finds
         nothing = counts["PASSED"] == 0
         any_bad = any_bad or bool(bad) or nothing
         shown = bad[0].case if bad else ("nothing could be checked" if nothing else "-")
@@ -196,8 +206,8 @@ def cmd_check(args: argparse.Namespace) -> int:
                 shown,
             ]
         )
-    print("\n".join(aligned(rows)))
-    print("\n".join(covered))
+    print("\n".join(fitted(rows, width) or aligned(rows)))
+    print("\n".join(line for text in covered for line in wrapped(text, width)))
     print("quick check: " + ("FAILED" if any_bad else "all cases match the float64 oracle"))
     return EXIT_FAILED if any_bad else EXIT_OK
 
@@ -218,8 +228,23 @@ def cmd_conform(args: argparse.Namespace) -> int:
     )
 
 
+def _replay(text: str) -> str:
+    """A ``--replay`` value: a test's name, or ``TEST@VERSION:BLOB`` that parses as one.
+
+    Whether the test exists is known only once pytest has collected the suite.
+    """
+    if "@" in text or not text:
+        from harness.conformance.report import parse_replay
+
+        try:
+            parse_replay(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc).removeprefix("--replay")) from None
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="attn-harness",
         description="Conformance and benchmarks for DP-partitioned paged attention backends.",
     )
@@ -255,14 +280,20 @@ def build_parser() -> argparse.ArgumentParser:
     p_conform.add_argument(
         "--profile",
         default="ci",
+        type=one_of("profile", PROFILE_NAMES),
         metavar="ci|thorough|kill",
         help="hypothesis profile (default: ci)",
     )
     p_conform.add_argument(
-        "--device", default="cpu", metavar="cpu|cuda", help="device the cases run on (default: cpu)"
+        "--device",
+        default="cpu",
+        type=device,
+        metavar="cpu|cuda",
+        help="device the cases run on (default: cpu)",
     )
     p_conform.add_argument(
         "--junitxml",
+        type=output_file,
         metavar="FILE",
         help="also write a JUnit XML report (and FILE's name with .coverage.json: the coverage "
         "tally); written only when the run finishes",
@@ -275,6 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_conform.add_argument(
         "--replay",
+        type=_replay,
         metavar="TEST@VERSION:BLOB",
         help="rerun exactly one failing example, as printed after 'replay:' in a failure entry",
     )
@@ -296,19 +328,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    from harness.core.errors import BackendLoadError
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """The parsed command line; an unknown option is the subcommand's error, as a bad value is."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``attn-harness ARGS``; the exit status (argparse's own exits, 0 for --help, 2 for a usage
+    error, come back as the status too, so an in-process caller gets a number either way)."""
+    parser = build_parser()
+    try:
+        args = _parse(parser, argv)
+    except SystemExit as exc:
+        if exc.code is None:
+            return EXIT_OK
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     try:
         return int(args.func(args))
-    except (BackendLoadError, KeyError) as exc:
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-        print(f"attn-harness: error: {message}", file=sys.stderr)
+    except UsageError as exc:
+        print(f"attn-harness {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("attn-harness: interrupted", file=sys.stderr)
+        print(f"attn-harness {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
 
 

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from harness.core.arg_types import OneLineParser, input_path
 from harness.core.exit_codes import EXIT_OK, EXIT_USAGE
 
 
@@ -33,6 +34,7 @@ def add_report_command(subparsers: Any) -> None:
     p.add_argument(
         "results",
         nargs="+",
+        type=input_path,
         metavar="RESULTS",
         help="a results file (attn-harness bench --out), pytest-benchmark JSON from "
         "suites/benchmarks, JUnit XML from attn-harness conform --junitxml (its "
@@ -68,7 +70,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """A parser with only ``report``: for running this module on its own."""
-    parser = argparse.ArgumentParser(prog="attn-harness")
+    parser = OneLineParser(prog="attn-harness")
     add_report_command(parser.add_subparsers(dest="command", required=True))
     return parser
 

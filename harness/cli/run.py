@@ -8,8 +8,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness.core.arg_types import at_least
-from harness.core.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from harness.cli.usage import UsageError, resolve_backends, workloads
+from harness.conformance.plugin_names import PROFILE_NAMES
+from harness.core.arg_types import at_least, device, one_of, output_dir
+from harness.core.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 
 DEFAULT_OUT = "reports/run"
 
@@ -34,10 +36,16 @@ def add_run_command(subparsers: Any) -> None:
         help="backend name or spec (repeatable; default: every registered backend that "
         "claims the device)",
     )
-    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"default: {DEFAULT_OUT}")
-    p.add_argument("--device", default="cpu", metavar="cpu|cuda", help="default: cpu")
     p.add_argument(
-        "--profile", default="ci", metavar="ci|thorough|kill", help="conformance profile (ci)"
+        "--out", default=DEFAULT_OUT, type=output_dir, metavar="DIR", help=f"default: {DEFAULT_OUT}"
+    )
+    p.add_argument("--device", default="cpu", type=device, metavar="cpu|cuda", help="default: cpu")
+    p.add_argument(
+        "--profile",
+        default="ci",
+        type=one_of("profile", PROFILE_NAMES),
+        metavar="ci|thorough|kill",
+        help="conformance profile (ci)",
     )
     p.add_argument(
         "--workers",
@@ -59,14 +67,14 @@ def add_run_command(subparsers: Any) -> None:
 
 def _backends(specs: list[str], device: str) -> tuple[list[Any], list[str]]:
     """The entries to run, and the names of those left out (they claim no ``device``)."""
-    from harness.core.registry import default_registry, split_by_device
+    from harness.core.registry import split_by_device
 
-    registry = default_registry()
-    with contextlib.redirect_stdout(sys.stderr):
-        entries = [registry.resolve(s) for s in specs] if specs else registry.entries()
+    entries = resolve_backends(specs)
     if specs:
         return entries, []
     entries, others = split_by_device(entries, device)
+    if not entries:
+        raise UsageError(f"no registered backend claims --device {device}")
     return entries, [e.name for e in others]
 
 
@@ -86,20 +94,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         from harness.core.triton_mode import interpret_triton_here
 
         interpret_triton_here()  # before a backend module is imported for its capabilities
+    # every value is checked before the out folder is made or any worker starts
+    workloads(args.workload)
+    entries, left_out = _backends(args.backend, args.device)
     say = printer(sys.stdout)
     out = Path(args.out)
     conformance_dir = out / "conformance"
     try:
         conformance_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        print(
-            f"attn-harness run: error: cannot create {out}: {exc.strerror or exc}", file=sys.stderr
-        )
-        return EXIT_USAGE
-    entries, left_out = _backends(args.backend, args.device)
-    if not entries:
-        print("attn-harness run: error: no backend to run", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(f"--out {out}: cannot create it: {exc.strerror or exc}") from None
     with contextlib.redirect_stdout(sys.stderr):  # a backend's prints stay out of the log
         names = schedule({e.name: probe_seconds(e, args.device) for e in entries})
     workers = max(1, min(args.workers or usable_cpus(), len(names)))

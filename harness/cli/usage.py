@@ -1,0 +1,67 @@
+"""What the command line says, checked before any work: the checks argparse types cannot make.
+
+A backend spec is checked by importing it, a workload name against the
+workloads (which load torch), an output file by creating and removing a
+probe file beside it: too heavy, or with effects, for a parser type. Every
+command calls these before it writes anything, and ``harness.cli.main``
+prints a ``UsageError`` as one line, ``attn-harness CMD: error: ...``, with
+exit status 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from harness.bench.workloads import Workload
+    from harness.core.registry import BackendEntry
+
+
+class UsageError(Exception):
+    """A bad command line, found before anything runs: its message names the option and value."""
+
+
+def resolve_backends(specs: Sequence[str], option: str = "--backend") -> list[BackendEntry]:
+    """The entries for ``specs`` (every registered one when none); a module's prints go to stderr.
+
+    Loading a spec imports its module, whose prints must not break a table or
+    JSON on stdout.
+    """
+    from harness.core.errors import BackendLoadError
+    from harness.core.registry import default_registry
+
+    registry = default_registry()
+    entries = []
+    with contextlib.redirect_stdout(sys.stderr):
+        for spec in specs:
+            try:
+                entries.append(registry.resolve(spec))
+            except KeyError as exc:
+                raise UsageError(f"{option} {spec}: {exc.args[0]}") from None
+            except BackendLoadError as exc:
+                raise UsageError(f"{option} {spec}: {exc}") from None
+        return entries if specs else registry.entries()
+
+
+def workloads(names: Sequence[str], option: str = "--workload") -> list[Workload]:
+    """The workloads named (the default set when none); an unknown name lists the known ones."""
+    from harness.bench.workloads import DEFAULT_WORKLOADS, get_workload
+
+    found = []
+    for name in names or DEFAULT_WORKLOADS:
+        try:
+            found.append(get_workload(name))
+        except KeyError as exc:
+            raise UsageError(f"{option} {name}: {exc.args[0]}") from None
+    return found
+
+
+def writable(path: object, option: str) -> None:
+    """``path`` can be written as the results store writes (a probe file, removed at once)."""
+    from harness.results.store import check_writable
+
+    if path is not None and (problem := check_writable(str(path))) is not None:
+        raise UsageError(f"{option} {path}: {problem}")
