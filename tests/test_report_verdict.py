@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from harness.report import build_report
+from harness.report.figure_style import log_ticks
 from harness.report.inputs import ConformanceCase, ConformanceRun, Inputs, load_inputs
-from harness.report.perf_figures import ratio_plot, ratio_ticks, roofline_plot
+from harness.report.perf_figures import ratio_plot, roofline_plot
 from harness.report.stats import analyse
 from harness.report.summary_md import render_summary
 from harness.report.verdict import verdict_of
@@ -259,7 +260,7 @@ def test_ratios_close_together_still_get_several_ticks(tmp_path):
     [(0.95, 1.05), (0.99, 1.01), (0.5, 2.0), (0.8, 30.0), (0.001, 5000.0), (1.0, 1.3), (3.0, 3.5)],
 )
 def test_ratio_ticks_lie_in_range_and_are_few(low, high):
-    ticks = ratio_ticks(low, high)
+    ticks = log_ticks(low, high)
     assert 2 <= len(ticks) <= 8
     assert all(low <= t <= high for t in ticks)
     assert ticks == sorted(set(ticks))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -22,7 +23,7 @@ from matplotlib.axes import Axes
 from matplotlib.axis import XAxis, YAxis
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import FixedLocator, FuncFormatter, LogFormatter, NullLocator
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogFormatter, MaxNLocator, NullLocator
 
 from harness.bench.table import format_ns, short_backend_names
 from harness.report.stats import AnalysedRun, CaseStats
@@ -30,6 +31,8 @@ from harness.report.stats import AnalysedRun, CaseStats
 PEER = "contiguous-sdpa"
 DPI = 100
 MAX_LABEL = 60
+LADDERS = ((1.0, 2.0, 5.0), (1.0, 1.5, 2.0, 3.0, 5.0, 7.0))  # log-axis tick steps per decade
+MAX_TICKS = 8
 COLOURS = (
     *("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"),
     *("#8c564b", "#e377c2", "#bcbd22", "#17becf", "#7f7f7f"),
@@ -126,6 +129,45 @@ def _fixed_axis(axis: XAxis | YAxis, values: Iterable[float]) -> None:
     """Ticks at exactly the values drawn (context lengths, dp sizes), labelled as integers."""
     axis.set_major_locator(FixedLocator(sorted(set(values))))
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0f}"))
+    axis.set_minor_locator(NullLocator())
+
+
+def _ladder(steps: tuple[float, ...], low: float, high: float) -> list[float]:
+    values = []
+    for power in range(math.floor(math.log10(low)) - 1, math.ceil(math.log10(high)) + 1):
+        values += [step * 10.0**power for step in steps]
+    return [round(v, 10) for v in values if low <= v <= high]
+
+
+def log_ticks(low: float, high: float) -> list[float]:
+    """Tick values for a log axis spanning ``[low, high]``: 2 to ``MAX_TICKS`` of them.
+
+    1-2-5 steps when they give at least three ticks, finer steps for a narrow
+    span, whole decades for a wide one, and evenly spaced values when even the
+    finer steps leave fewer than two (values all within a few percent).
+    """
+    low, high = min(low, high), max(low, high)
+    coarse = _ladder(LADDERS[0], low, high)
+    if len(coarse) > MAX_TICKS:
+        decades = _ladder((1.0,), low, high)
+        step = -(-len(decades) // MAX_TICKS)
+        return decades[::step] if len(decades) >= 2 else coarse[:: -(-len(coarse) // MAX_TICKS)]
+    if len(coarse) >= 3:
+        return coarse
+    fine = _ladder(LADDERS[1], low, high)
+    if len(fine) >= 2:
+        return fine[:MAX_TICKS] if len(fine) <= MAX_TICKS else fine[:: -(-len(fine) // MAX_TICKS)]
+    even = [float(v) for v in MaxNLocator(nbins=4).tick_values(low, high) if low <= v <= high]
+    return even if len(even) >= 2 else [low, high]
+
+
+def _ladder_axis(
+    axis: XAxis | YAxis, unit: Callable[[float], str], limits: tuple[float, float]
+) -> None:
+    """Ticks from ``log_ticks`` within ``limits`` (the axis's), labelled in its unit."""
+    low, high = limits
+    axis.set_major_locator(FixedLocator(log_ticks(low, high)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: unit(v)))
     axis.set_minor_locator(NullLocator())
 
 

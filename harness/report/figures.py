@@ -33,8 +33,8 @@ from harness.report.figure_style import (
     _figure,
     _fixed_axis,
     _grid,
+    _ladder_axis,
     _legend,
-    _log_axis,
     _seconds,
     _series,
     _si,
@@ -111,7 +111,7 @@ def _by_context(
         ax.set(xscale="log", yscale="log", xlabel="context length (longest sequence)")
         ax.set(ylabel=ylabel, title=f"{_text(key)} ({kind})")
         _fixed_axis(ax.xaxis, contexts)
-        _log_axis(ax.yaxis, unit)
+        _ladder_axis(ax.yaxis, unit, ax.get_ylim())
         ax.grid(True, which="both", alpha=0.3)
     _legend(figure, axes)
     return done(name, title, caption, figure)
@@ -203,7 +203,7 @@ def dp_figure(runs: Sequence[AnalysedRun]) -> Outcome:
             sizes += _plot_line(ax, series, _dp_size, _throughput)
         ax.set(yscale="log", xlabel="dp_size", ylabel="query tokens per second")
         _fixed_axis(ax.xaxis, sizes)
-        _log_axis(ax.yaxis, _si)
+        _ladder_axis(ax.yaxis, _si, ax.get_ylim())
         ax.set_title(_text(key))
         ax.grid(True, which="both", alpha=0.3)
     _legend(figure, axes)

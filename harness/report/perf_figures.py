@@ -4,7 +4,7 @@ Both are small multiples, one panel per workload, because a workload's cases
 share a meaning (a context sweep, a dp sweep) that a reader follows along an
 axis, while cases of different workloads do not compare. In the ratio figure
 each backend is a line over its workload's cases on a shared log axis whose
-ticks are chosen here (``ratio_ticks``), so even a report of one workload
+ticks are chosen by ``figure_style.log_ticks``, so even a report of one workload
 with ratios close together gets several labelled ticks. In the roofline each
 point is coloured by backend (as in every figure) and shaped by its case,
 named in the panel's own legend, so points of one arithmetic intensity (the
@@ -17,7 +17,6 @@ none can be drawn), so its axes and ticks can be inspected; the
 
 from __future__ import annotations
 
-import math
 import textwrap
 from collections.abc import Callable, Sequence
 
@@ -25,7 +24,7 @@ from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
 from harness.report.figure_style import (
     DTYPE_COLOURS,
@@ -41,6 +40,7 @@ from harness.report.figure_style import (
     _si,
     _text,
     done,
+    log_ticks,
     workload_key,
 )
 from harness.report.stats import AnalysedRun, CaseStats, ceilings
@@ -54,8 +54,6 @@ PANEL_WIDTH = 4.2  # inches at 100 dpi
 RATIO_PANEL_HEIGHT = 3.1
 ROOFLINE_PANEL_HEIGHT = 3.4
 LABEL_WIDTH = 18  # characters of a case label per line under the ratio panels
-LADDERS = ((1.0, 2.0, 5.0), (1.0, 1.5, 2.0, 3.0, 5.0, 7.0))
-MAX_TICKS = 8
 SAME_INTENSITY = 1.03  # intensities within 3% of each other share a roofline column
 SPREAD_DECADES = 0.3  # how wide such a column is spread, its cases side by side
 
@@ -92,50 +90,18 @@ def _panels(figure: Figure, count: int) -> list[Axes]:
     return axes[:count]
 
 
-# -- ratio ticks ------------------------------------------------------------------------------
-
-
-def _ladder(steps: tuple[float, ...], low: float, high: float) -> list[float]:
-    values = []
-    for power in range(math.floor(math.log10(low)) - 1, math.ceil(math.log10(high)) + 1):
-        values += [step * 10.0**power for step in steps]
-    return [round(v, 10) for v in values if low <= v <= high]
-
-
-def ratio_ticks(low: float, high: float) -> list[float]:
-    """Tick values for a log ratio axis spanning ``[low, high]``: 2 to ``MAX_TICKS`` of them.
-
-    1-2-5 steps when they give at least three ticks, finer steps for a narrow
-    span, whole decades for a wide one, and evenly spaced values when even the
-    finer steps leave fewer than two (ratios all within a few percent).
-    """
-    low, high = min(low, high), max(low, high)
-    coarse = _ladder(LADDERS[0], low, high)
-    if len(coarse) > MAX_TICKS:
-        decades = _ladder((1.0,), low, high)
-        step = -(-len(decades) // MAX_TICKS)
-        return decades[::step] if len(decades) >= 2 else coarse[:: -(-len(coarse) // MAX_TICKS)]
-    if len(coarse) >= 3:
-        return coarse
-    fine = _ladder(LADDERS[1], low, high)
-    if len(fine) >= 2:
-        return fine[:MAX_TICKS] if len(fine) <= MAX_TICKS else fine[:: -(-len(fine) // MAX_TICKS)]
-    even = [float(v) for v in MaxNLocator(nbins=4).tick_values(low, high) if low <= v <= high]
-    return even if len(even) >= 2 else [low, high]
-
-
 def _ratio_label(value: float, _: object = None) -> str:
     return f"{value:.3g}x"
 
 
 def _ratio_axis(ax: Axes, values: Sequence[float]) -> None:
-    """Log scale, limits padded around every value and 1, ticks from ``ratio_ticks``."""
+    """Log scale, limits padded around every value and 1, ticks from ``log_ticks``."""
     low, high = min(*values, 1.0), max(*values, 1.0)
     pad = max((high / low) ** 0.06, 1.04)
     low, high = low / pad, high * pad
     ax.set_yscale("log")
     ax.set_ylim(low, high)
-    ax.yaxis.set_major_locator(FixedLocator(ratio_ticks(low, high)))
+    ax.yaxis.set_major_locator(FixedLocator(log_ticks(low, high)))
     ax.yaxis.set_major_formatter(FuncFormatter(_ratio_label))
     ax.yaxis.set_minor_locator(NullLocator())
 
@@ -180,7 +146,7 @@ def _ratio_panel(ax: Axes, key: str, cases: list[str], all_series: list[Series])
             markersize=5,
             capsize=2,
         )
-        drawn += [v for _, v in points for v in v]
+        drawn += [value for _, triple in points for value in triple]
     ax.axhline(1.0, color="#555555", linewidth=1.2, zorder=1)
     labels = [textwrap.fill(_text(c), LABEL_WIDTH) for c in cases]
     ax.set_xticks(range(len(cases)), labels, fontsize="small")
