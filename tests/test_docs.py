@@ -33,21 +33,16 @@ import pytest
 import harness.core.registry
 from harness.conformance.check_matrix import run_quick_check
 from harness.core.registry import BackendRegistry
+from tools.doc_blocks import FENCE, code_blocks, named_file
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 DOC_FILES = sorted(DOCS.glob("*.md"))
 LINKED_FILES = [*DOC_FILES, ROOT / "README.md", ROOT / "reports" / "README.md"]
 
-FENCE = re.compile(r"^```([\w-]*)\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
-FILE_COMMENT = re.compile(r"# ([\w.-]+\.py)")
 BACKEND_CLASS = re.compile(r"^class (\w+)\b", re.MULTILINE)
 LINK = re.compile(r"(?<!!)\[[^\]\n]*\]\(([^)\s]+)\)")
 EXTERNAL = ("http://", "https://", "mailto:")
-
-
-def code_blocks(path: Path, language: str) -> list[str]:
-    return [body for lang, body in FENCE.findall(path.read_text()) if lang == language]
 
 
 def expected_output(block: str) -> list[str]:
@@ -68,10 +63,10 @@ def run_doc(doc: Path, folder: Path) -> dict[str, Path]:
     blocks = code_blocks(doc, "python")
     assert blocks, f"{doc.name} has no Python blocks"
     for number, block in enumerate(blocks, start=1):
-        named = FILE_COMMENT.fullmatch(block.splitlines()[0])
-        if named:
-            files[named.group(1)] = folder / named.group(1)
-            files[named.group(1)].write_text(block)
+        name = named_file(block)
+        if name is not None:
+            files[name] = folder / name
+            files[name].write_text(block)
             continue
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
