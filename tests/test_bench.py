@@ -251,14 +251,18 @@ def test_the_timed_instance_is_checked_too():
     assert c.prepare is None
 
 
-def test_rates_above_the_ceiling_are_flagged(monkeypatch):
+def test_rates_above_the_ceiling_are_flagged_and_their_fractions_withheld(monkeypatch):
     tiny = Ceilings("measured", "fake", 1.0, {"float32": 1.0})  # 1 byte/s, 1 FLOP/s
     monkeypatch.setattr(bench, "run_ceilings", lambda *a, **k: RunCeilings(tiny, None))
     record = run_benchmarks([entry(SdpaBackend, "sdpa")], [ONE], CONFIG)
     for c in record.cases:
-        assert c.metrics["bandwidth_fraction"] > 1
+        assert c.metrics["bandwidth_fraction"] is None
+        assert c.metrics["compute_fraction"] is None
+        assert c.metrics["roofline_fraction"] is None
+        assert c.metrics["withheld"] == ["bandwidth", "compute"]
         assert c.metrics["ceiling_source"] == "measured"
-        assert any("measurement error" in f for f in c.flags)
+        assert any(f.startswith("measurement error: bandwidth at") for f in c.flags)
+    assert [f.split(":")[0] for f in record.flags] == ["ceiling contradicted"] * 2
 
 
 def test_nothing_passing_is_a_failed_run():

@@ -9,10 +9,13 @@ from hypothesis import strategies as st
 
 from harness.bench.ceilings import (
     Ceilings,
+    ProbeRound,
     RunCeilings,
     datasheet_for,
     probe,
     run_ceilings,
+    spread,
+    spread_flags,
 )
 from harness.bench.metrics import AttentionWork, keys_seen, rates, roofline, work_of_rows
 
@@ -137,13 +140,16 @@ def test_roofline_fractions_and_bound():
     assert roof.flags == ()
 
 
-def test_above_100_percent_of_a_ceiling_is_flagged_as_a_measurement_error():
-    w = work([(1, 5)])
-    roof = roofline(w, 1e-9, bandwidth=1.0, flops=1e30)
-    assert roof.bandwidth_fraction > 1
+def test_above_100_percent_of_a_ceiling_is_flagged_and_never_reported():
+    w = work([(1, 5)])  # in 1 s: 2.2 times the bandwidth ceiling, a tenth of the compute one
+    roof = roofline(w, 1.0, bandwidth=w.bytes / 2.2, flops=w.flops * 10.0)
+    assert roof.bandwidth_fraction is None  # withheld, not 220%
+    assert roof.withheld == ("bandwidth",)
+    assert roof.compute_fraction == pytest.approx(0.1)  # the other ceiling still holds
+    assert roof.roofline_fraction is None  # the larger of the two is unknown
+    assert roof.bound is None
     assert len(roof.flags) == 1
-    assert "measurement error" in roof.flags[0]
-    assert "bandwidth" in roof.flags[0]
+    assert roof.flags[0].startswith("measurement error: bandwidth at 220% of its ceiling")
 
 
 def test_unknown_ceilings_give_no_fractions():
@@ -203,3 +209,57 @@ def test_run_ceilings_prefer_measured_and_round_trip():
         "measured": None,
         "datasheet": None,
     }
+
+
+# -- probe rounds: the best of each ceiling, every sample, the spread ------------------
+
+
+def _round(when, at_s, bandwidth, fp32, **details):
+    return ProbeRound(
+        when, at_s, Ceilings("measured", "cpu", bandwidth, {"float32": fp32}, details)
+    )
+
+
+def test_probe_rounds_keep_each_ceilings_best_and_every_round():
+    busy = _round("before", 0.0, 20e9, 36e9, copy={"samples_ns": [9, 8]})
+    quiet = _round("after", 90.0, 18e9, 107e9, matmul_float32={"samples_ns": [3, 2], "n": 512})
+    ceilings = run_ceilings("cpu", measure_probe=False).with_round(busy).with_round(quiet)
+    assert ceilings.measured is not None
+    assert ceilings.measured.memory_bandwidth == 20e9  # the first round's copy was the best
+    assert ceilings.measured.flops_for("float32") == 107e9  # the second's matmul
+    assert ceilings.measured.details["matmul_float32"] == {
+        "samples_ns": [3, 2],
+        "n": 512,
+        "round": 1,
+    }
+    assert ceilings.measured.details["copy"]["round"] == 0
+    spread = ceilings.spread()
+    assert spread["matmul_float32"] == {
+        "low": 36e9,
+        "best": 107e9,
+        "rounds": 2,
+        "spread": pytest.approx(71 / 107),
+    }
+    assert spread["copy"]["spread"] == pytest.approx(0.1)
+    data = ceilings.to_json()
+    assert [r["when"] for r in data["probes"]] == ["before", "after"]
+    assert data["probes"][1]["details"]["matmul_float32"]["samples_ns"] == [3, 2]
+    assert RunCeilings.from_json(data).to_json() == data  # every round survives the file
+
+
+def test_a_wide_spread_between_rounds_is_flagged_and_a_narrow_one_is_not():
+    wide = spread([_round("before", 0, 20e9, 36e9), _round("after", 9, 21e9, 107e9)])
+    flags = spread_flags(wide)
+    assert flags == [
+        "ceiling spread: float32 matmul 36 GFLOP/s to 107 GFLOP/s over 2 probes (66%); "
+        "the machine was busy during some, the best is used"
+    ]
+    assert spread_flags(spread([_round("before", 0, 20e9, 36e9)])) == []  # one round: no spread
+    assert spread_flags(wide, limit=0.7) == []
+
+
+def test_a_probe_round_can_measure_only_the_ceilings_asked_for():
+    c = probe("cpu", dtypes=(torch.float32,), copy=False)
+    assert c.memory_bandwidth is None
+    assert "copy" not in c.details
+    assert len(c.details["matmul_float32"]["samples_ns"]) >= 5

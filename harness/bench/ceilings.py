@@ -7,11 +7,20 @@ copy (bytes read plus bytes written per second) and a large matmul per dtype
 what the device can do, not what it usually does. Vendor datasheet figures
 (dense, no sparsity) are stored beside them, labelled as such, and used
 only when the probe could not run.
+
+A probe that runs while the machine is busy measures the neighbours, not
+the device (the same CPU gave 107 GFLOP/s in one run and 36 in the next).
+So a run probes more than once (``RunCeilings.with_round``: before the
+cases, again at once when a case's rate exceeds a ceiling, and after the
+cases), keeps the best figure of every round, and stores every round's
+samples and the spread between rounds. ``spread_flags`` says when the
+rounds disagree by more than ``SPREAD_FLAG``.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +32,8 @@ from harness.core.dtypes import dtype_name
 PROBE_TIMING = TimingConfig(
     warmup=1, min_samples=5, max_samples=10, budget_s=1.0, target_rel_ci=0.02, cold_cache=False
 )
+SPREAD_FLAG = 0.25
+"""Rounds whose figures for one ceiling differ by more than this share of the best are flagged."""
 
 
 @dataclass(frozen=True)
@@ -59,31 +70,154 @@ class Ceilings:
 
 
 @dataclass(frozen=True)
+class ProbeRound:
+    """One run of the probe: when it ran and what it measured (its samples in ``details``)."""
+
+    when: str  # "before", "after", or "recheck: CASE ID" (a case's rate exceeded a ceiling)
+    at_s: float  # seconds after the run's first probe started
+    ceilings: Ceilings
+
+    def to_json(self) -> dict[str, Any]:
+        c = self.ceilings
+        return {
+            "when": self.when,
+            "at_s": round(self.at_s, 3),
+            "memory_bandwidth": c.memory_bandwidth,
+            "matmul_flops": dict(c.matmul_flops),
+            "details": dict(c.details),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], device_name: str = "") -> ProbeRound:
+        ceilings = Ceilings(
+            "measured",
+            device_name,
+            data.get("memory_bandwidth"),
+            dict(data.get("matmul_flops", {})),
+            dict(data.get("details", {})),
+        )
+        return cls(str(data["when"]), float(data["at_s"]), ceilings)
+
+
+def best_of(rounds: Sequence[ProbeRound]) -> Ceilings | None:
+    """Each ceiling's best figure over ``rounds``: a ceiling is what the device can do.
+
+    ``details`` keeps, per ceiling, the details of the round that gave the best figure
+    (with that round's index as ``round``), and how many rounds there were.
+    """
+    if not rounds:
+        return None
+    first = rounds[0].ceilings
+    details: dict[str, Any] = {k: v for k, v in first.details.items() if not isinstance(v, dict)}
+    details["rounds"] = len(rounds)
+    bandwidth: float | None = None
+    flops: dict[str, float] = {}
+    for index, r in enumerate(rounds):
+        c = r.ceilings
+        if c.memory_bandwidth and c.memory_bandwidth > (bandwidth or 0.0):
+            bandwidth = c.memory_bandwidth
+            details["copy"] = {**c.details.get("copy", {}), "round": index}
+        for dtype, value in c.matmul_flops.items():
+            if value > flops.get(dtype, 0.0):
+                flops[dtype] = value
+                key = f"matmul_{dtype}"
+                details[key] = {**c.details.get(key, {}), "round": index}
+    for r in rounds:  # a ceiling no round measured keeps the first error that said why
+        for key, value in r.ceilings.details.items():
+            if isinstance(value, dict) and "error" in value:
+                details.setdefault(key, value)
+    return Ceilings("measured", first.device_name, bandwidth, flops, details)
+
+
+def ceiling_label(key: str) -> str:
+    """``copy`` -> ``copy bandwidth``; ``matmul_float32`` -> ``float32 matmul``."""
+    if key == "copy":
+        return "copy bandwidth"
+    return f"{key.removeprefix('matmul_')} matmul"
+
+
+def spread(rounds: Sequence[ProbeRound]) -> dict[str, dict[str, Any]]:
+    """Per ceiling (``copy``, ``matmul_DTYPE``): lowest and best figure, rounds, spread.
+
+    ``spread`` is ``(best - lowest) / best``: 0 when every round agreed.
+    """
+    figures: dict[str, list[float]] = {}
+    for r in rounds:
+        if r.ceilings.memory_bandwidth:
+            figures.setdefault("copy", []).append(r.ceilings.memory_bandwidth)
+        for dtype, value in r.ceilings.matmul_flops.items():
+            figures.setdefault(f"matmul_{dtype}", []).append(value)
+    return {
+        key: {
+            "low": min(values),
+            "best": max(values),
+            "rounds": len(values),
+            "spread": (max(values) - min(values)) / max(values),
+        }
+        for key, values in figures.items()
+    }
+
+
+def _figure(key: str, value: float) -> str:
+    return f"{value / 1e9:.3g} GB/s" if key == "copy" else f"{value / 1e9:.3g} GFLOP/s"
+
+
+def spread_flags(spreads: dict[str, dict[str, Any]], limit: float = SPREAD_FLAG) -> list[str]:
+    """A flag per ceiling whose probe rounds differ by more than ``limit`` of the best."""
+    flags = []
+    for key, s in spreads.items():
+        if s["rounds"] > 1 and s["spread"] > limit:
+            flags.append(
+                f"ceiling spread: {ceiling_label(key)} {_figure(key, s['low'])} to "
+                f"{_figure(key, s['best'])} over {s['rounds']} probes ({s['spread']:.0%}); "
+                "the machine was busy during some, the best is used"
+            )
+    return flags
+
+
+@dataclass(frozen=True)
 class RunCeilings:
-    """What a run stores: the probe's figures and, for a known GPU, the datasheet's."""
+    """What a run stores: the probe's figures (best of its rounds) and, for a known GPU,
+    the datasheet's; every round with its samples."""
 
     measured: Ceilings | None
     datasheet: Ceilings | None
+    probes: tuple[ProbeRound, ...] = ()
 
     @property
     def used(self) -> Ceilings | None:
         """The ceilings fractions are computed against: measured first."""
         return self.measured if self.measured is not None else self.datasheet
 
+    def with_round(self, round_: ProbeRound) -> RunCeilings:
+        """These ceilings with one more probe round: each measured figure the best so far."""
+        probes = (*self.probes, round_)
+        return RunCeilings(best_of(probes), self.datasheet, probes)
+
+    def spread(self) -> dict[str, dict[str, Any]]:
+        return spread(self.probes)
+
     def to_json(self) -> dict[str, Any]:
         used = self.used
-        return {
+        data: dict[str, Any] = {
             "used": None if used is None else used.source,
             "measured": None if self.measured is None else self.measured.to_json(),
             "datasheet": None if self.datasheet is None else self.datasheet.to_json(),
         }
+        if self.probes:
+            data["probes"] = [r.to_json() for r in self.probes]
+            data["spread"] = self.spread()
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunCeilings:
         def one(key: str) -> Ceilings | None:
             return None if data.get(key) is None else Ceilings.from_json(data[key])
 
-        return cls(measured=one("measured"), datasheet=one("datasheet"))
+        measured = one("measured")
+        name = "" if measured is None else measured.device_name
+        probes = tuple(ProbeRound.from_json(r, name) for r in data.get("probes", []))
+        return cls(measured=measured, datasheet=one("datasheet"), probes=probes)
 
 
 def _sheet(name: str, bandwidth: float, half: float, fp32: float, url: str) -> Ceilings:
@@ -139,7 +273,8 @@ def _probe_copy(device: str, threads: int | None, nbytes: int) -> tuple[float, d
         lambda: target.copy_(source), device=device, config=PROBE_TIMING, threads=threads
     )
     best = min(timing.samples_ns)
-    return 2 * source.nbytes / (best * 1e-9), {"bytes": 2 * source.nbytes, "best_ns": best}
+    details = {"bytes": 2 * source.nbytes, "best_ns": best, "samples_ns": list(timing.samples_ns)}
+    return 2 * source.nbytes / (best * 1e-9), details
 
 
 def _probe_matmul(
@@ -169,7 +304,8 @@ def _probe_matmul(
         lambda: torch.matmul(a, b), device=device, config=PROBE_TIMING, threads=threads
     )
     best = min(timing.samples_ns)
-    return 2 * n**3 / (best * 1e-9), {"n": n, "best_ns": best}
+    details = {"n": n, "best_ns": best, "samples_ns": list(timing.samples_ns)}
+    return 2 * n**3 / (best * 1e-9), details
 
 
 def probe(
@@ -177,16 +313,22 @@ def probe(
     *,
     threads: int | None = None,
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16),
+    copy: bool = True,
 ) -> Ceilings:
-    """Measure copy bandwidth and matmul rate per dtype on ``device`` (seconds on a CPU)."""
+    """Measure copy bandwidth (unless ``copy`` is false) and matmul rate per dtype on ``device``.
+
+    Seconds on a quiet CPU. Every timed call's nanoseconds are kept in
+    ``details`` (``copy``, ``matmul_DTYPE``: ``samples_ns``, ``best_ns``).
+    """
     is_cuda = device_type(device) == "cuda"
     details: dict[str, Any] = {"threads": threads or torch.get_num_threads()}
     copy_bytes = 2**30 if is_cuda else max(8 * last_level_cache_bytes(device), 256 * 2**20)
-    bandwidth: float | None
-    try:
-        bandwidth, details["copy"] = _probe_copy(device, threads, copy_bytes)
-    except (RuntimeError, MemoryError) as exc:  # out of memory: keep the other figures
-        bandwidth, details["copy"] = None, {"error": f"{type(exc).__name__}: {exc}"}
+    bandwidth: float | None = None
+    if copy:
+        try:
+            bandwidth, details["copy"] = _probe_copy(device, threads, copy_bytes)
+        except (RuntimeError, MemoryError) as exc:  # out of memory: keep the other figures
+            bandwidth, details["copy"] = None, {"error": f"{type(exc).__name__}: {exc}"}
     sizes = (4096, 16384) if is_cuda else (256, 2048)
     slow_s = 0.02 if is_cuda else 0.05
     flops: dict[str, float] = {}
@@ -210,7 +352,11 @@ def run_ceilings(
     dtypes: tuple[torch.dtype, ...] = (torch.float32,),
     measure_probe: bool = True,
 ) -> RunCeilings:
-    """The ceilings a run stores: the probe (unless disabled) and the datasheet, if known."""
-    measured = probe(device, threads=threads, dtypes=dtypes) if measure_probe else None
+    """The ceilings a run starts from: one probe round (unless disabled) and the datasheet."""
     sheet = datasheet_for(device_name(device)) if device_type(device) == "cuda" else None
-    return RunCeilings(measured=measured, datasheet=sheet)
+    ceilings = RunCeilings(measured=None, datasheet=sheet)
+    if measure_probe:
+        ceilings = ceilings.with_round(
+            ProbeRound("before", 0.0, probe(device, threads=threads, dtypes=dtypes))
+        )
+    return ceilings

@@ -162,14 +162,21 @@ def rates(work: AttentionWork, seconds: float) -> Rates:
     )
 
 
+MEASUREMENT_ERROR = "measurement error"
+"""The kind of flag a rate above its ceiling gets (the text before its first colon)."""
+
+
 @dataclass(frozen=True)
 class Roofline:
     """Achieved rates as fractions of the device's ceilings.
 
     ``roofline_fraction`` is the time an ideal kernel would need (bounded by
     bandwidth or by compute, whichever is slower) over the measured time,
-    i.e. the larger of the two fractions. Any fraction above 1 is physically
-    impossible and is flagged as a measurement error.
+    i.e. the larger of the two fractions. A fraction above 1 is physically
+    impossible: the ceiling or the timing is wrong, and which one cannot be
+    told from here, so that fraction is withheld (``None``, named in
+    ``withheld``) and flagged as a measurement error; the roofline fraction
+    and the bound, the larger of the two, are then unknown too.
     """
 
     bandwidth_fraction: float | None
@@ -177,6 +184,16 @@ class Roofline:
     roofline_fraction: float | None
     bound: str | None  # "memory" or "compute": which ceiling limits an ideal kernel
     flags: tuple[str, ...]
+    withheld: tuple[str, ...] = ()  # "bandwidth", "compute": fractions above 1, not reported
+
+
+def excess_flag(name: str, fraction: float) -> str:
+    """The flag of a rate at ``fraction`` (> 1) of its ceiling (``name``: bandwidth, compute)."""
+    return (
+        f"{MEASUREMENT_ERROR}: {name} at {fraction:.0%} of its ceiling; fraction withheld "
+        "(above 100% is impossible: the ceiling probe ran while the machine was busy, "
+        "or the timer or the cache flush is wrong)"
+    )
 
 
 def roofline(
@@ -188,20 +205,26 @@ def roofline(
 ) -> Roofline:
     """Fractions of ``bandwidth`` (bytes/s) and ``flops`` (FLOP/s); ``None`` when unknown."""
     achieved = rates(work, seconds)
-    bw = achieved.bytes_per_s / bandwidth if bandwidth else None
-    fl = achieved.flops_per_s / flops if flops else None
+    fractions = {
+        "bandwidth": achieved.bytes_per_s / bandwidth if bandwidth else None,
+        "compute": achieved.flops_per_s / flops if flops else None,
+    }
+    flags = []
+    withheld = []
+    for name, fraction in fractions.items():
+        if fraction is not None and fraction > 1.0:
+            flags.append(excess_flag(name, fraction))
+            withheld.append(name)
+    bw, fl = fractions["bandwidth"], fractions["compute"]
+    if withheld:
+        bw = None if "bandwidth" in withheld else bw
+        fl = None if "compute" in withheld else fl
+        return Roofline(bw, fl, None, None, tuple(flags), tuple(withheld))
     known = [f for f in (bw, fl) if f is not None]
     bound = None
     if bw is not None and fl is not None:
         bound = "memory" if bw >= fl else "compute"
-    flags = []
-    for name, fraction in (("bandwidth", bw), ("compute", fl)):
-        if fraction is not None and fraction > 1.0:
-            flags.append(
-                f"measurement error: {name} at {fraction:.0%} of its ceiling (above 100% is "
-                "impossible; check the timer, the cache flush or the ceiling probe)"
-            )
-    return Roofline(bw, fl, max(known) if known else None, bound, tuple(flags))
+    return Roofline(bw, fl, max(known) if known else None, bound, ())
 
 
 def work_of_rows(

@@ -18,6 +18,67 @@ if TYPE_CHECKING:
 
 WIDTH = 110  # detail and legend lines below the table are wrapped to this
 BACKEND_WIDTH = 28  # longer backend specs are shortened in the table
+FAILING = frozenset(
+    {"INCORRECT_NUMERICAL", "INCORRECT_SHAPE", "REJECTED_VALID", "RUNTIME_ERROR", "TIMEOUT"}
+)  # harness.results.store.FAILING_STATUSES, spelled out: this module imports no store at run time
+SUMMARY_KINDS = 3  # flag kinds the closing line names; the rest are counted
+
+
+# -- flags and the closing verdict -------------------------------------------------
+
+
+def all_flags(record: RunRecord) -> list[str]:
+    """The run's flags, then each case's, as ``KIND: detail`` text."""
+    return [*record.flags, *(flag for case in record.cases for flag in case.flags)]
+
+
+def flag_kind(flag: str) -> str:
+    """``measurement error: compute at 220% ...`` -> ``measurement error``."""
+    kind, sep, _ = flag.partition(": ")
+    return kind if sep else "note"
+
+
+def flag_gist(flag: str) -> str:
+    """The detail up to its first ``;`` or `` (``: what the closing line shows of a flag."""
+    _, sep, detail = flag.partition(": ")
+    detail = detail if sep else flag
+    for stop in ("; ", " ("):
+        detail = detail.split(stop, 1)[0]
+    return detail
+
+
+def flag_summary(flags: Sequence[str], kinds: int = SUMMARY_KINDS) -> str:
+    """``no flags`` or ``3 flags: 2 measurement error (compute at 220% of its ceiling, ...),
+    1 ceiling spread (...)``: the count, then the commonest kinds with a first example."""
+    if not flags:
+        return "no flags"
+    by_kind: dict[str, list[str]] = {}
+    for flag in flags:
+        by_kind.setdefault(flag_kind(flag), []).append(flag_gist(flag))
+    ranked = sorted(by_kind.items(), key=lambda item: -len(item[1]))
+    parts = []
+    for kind, gists in ranked[:kinds]:
+        more = ", ..." if len(set(gists)) > 1 else ""
+        parts.append(f"{len(gists)} {kind} ({gists[0]}{more})")
+    if len(ranked) > kinds:
+        parts.append(f"{sum(len(g) for _, g in ranked[kinds:])} more")
+    return f"{len(flags)} flag{'' if len(flags) == 1 else 's'}: " + ", ".join(parts)
+
+
+def bench_verdict(record: RunRecord) -> str:
+    """``passed (4 PASSED, 2 UNSUPPORTED), no flags`` or ``FAILED (...), 3 flags: ...``.
+
+    The closing line of ``attn-harness bench`` (after ``bench: ``) and the bench
+    part of the main job's closing line. Failed: a case failed, or nothing passed.
+    """
+    counts: dict[str, int] = {}
+    for case in record.cases:
+        counts[case.status] = counts.get(case.status, 0) + 1
+    failed = any(s in FAILING for s in counts) or "PASSED" not in counts
+    shown = ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no cases"
+    partial = ", partial" if record.partial else ""
+    verdict = "FAILED" if failed else "passed"
+    return f"{verdict} ({shown}{partial}), {flag_summary(all_flags(record))}"
 
 
 def format_ns(ns: float | None) -> str:
@@ -132,6 +193,29 @@ def _case_line(case: CaseRecord) -> str:
     return f"  {case.case}  ({shape})"
 
 
+def _ceilings_lines(record: RunRecord) -> list[str]:
+    """The ceilings used, and how many probe rounds they are the best of, with the spread."""
+    ceilings = record.ceilings.get(record.ceilings.get("used") or "", None)
+    if not ceilings:
+        return []
+    flops = ", ".join(
+        f"{dtype} matmul {value / 1e9:.4g} GFLOP/s"
+        for dtype, value in ceilings["matmul_flops"].items()
+    )
+    bandwidth = ceilings["memory_bandwidth"]
+    shown = "-" if bandwidth is None else f"{bandwidth / 1e9:.4g} GB/s"
+    how = ceilings["source"]
+    probes = record.ceilings.get("probes") or []
+    if how == "measured" and len(probes) > 1:
+        spreads = record.ceilings.get("spread") or {}
+        widest = max(spreads.items(), key=lambda kv: kv[1]["spread"], default=None)
+        how += f", best of {len(probes)} probes"
+        if widest is not None:
+            name = "copy" if widest[0] == "copy" else widest[0].removeprefix("matmul_")
+            how += f", widest spread {widest[1]['spread']:.0%} ({name})"
+    return _wrap(f"ceilings ({how}): copy {shown}; {flops}")
+
+
 def render(record: RunRecord) -> str:
     """The readable summary printed at the end of a run.
 
@@ -196,25 +280,18 @@ def render(record: RunRecord) -> str:
             f"{PEER_NAME} forward time (> 1: slower); a case that did not pass is not timed"
         )
     )
-    ceilings = record.ceilings.get(record.ceilings.get("used") or "", None)
-    if ceilings:
-        flops = ", ".join(
-            f"{dtype} matmul {value / 1e9:.4g} GFLOP/s"
-            for dtype, value in ceilings["matmul_flops"].items()
-        )
-        bandwidth = ceilings["memory_bandwidth"]
-        shown = "-" if bandwidth is None else f"{bandwidth / 1e9:.4g} GB/s"
-        lines.extend(_wrap(f"ceilings ({ceilings['source']}): copy {shown}; {flops}"))
+    lines.extend(_ceilings_lines(record))
     overhead = record.timing.get("overhead") or {}
+    source = record.timing.get("threads_source")
     lines.extend(
         _wrap(
-            f"timing: {record.timing['clock']}, torch threads {record.timing['threads']}, "
+            f"timing: {record.timing['clock']}, torch threads {record.timing['threads']}"
+            f"{f' ({source})' if source else ''}, "
             f"cold cache {'on' if record.timing['cold_cache'] else 'off'}, timer overhead "
             f"{format_ns(overhead.get('median_ns'))} (empty call)"
         )
     )
-    counts: dict[str, int] = {}
-    for case in record.cases:
-        counts[case.status] = counts.get(case.status, 0) + 1
-    lines.append("bench: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
+    for flag in record.flags:
+        lines.extend(_wrap(f"run flag: {flag}"))
+    lines.append(f"bench: {bench_verdict(record)}")
     return "\n".join(lines)

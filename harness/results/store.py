@@ -203,6 +203,7 @@ class RunRecord:
     cases: list[CaseRecord]
     source: dict[str, Any] | None = None
     partial: bool = False  # the run stopped (or has not yet reached) its last case
+    flags: list[str] = field(default_factory=list)  # the run's own warnings (cases have theirs)
 
     def case(self, case_id: str) -> CaseRecord:
         for record in self.cases:
@@ -226,6 +227,8 @@ class RunRecord:
             data["source"] = self.source
         if self.partial:  # only when true: a finished run's file is unchanged
             data["partial"] = True
+        if self.flags:
+            data["flags"] = list(self.flags)
         return data
 
     @classmethod
@@ -240,6 +243,7 @@ class RunRecord:
             cases=[CaseRecord.from_json(c) for c in data["cases"]],
             source=data.get("source"),
             partial=bool(data.get("partial", False)),
+            flags=list(data.get("flags", [])),
         )
 
 
