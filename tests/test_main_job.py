@@ -2,17 +2,35 @@
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness.bench.peer import PEER_NAME
-from harness.bench.workloads import get_workload
+from harness.bench.runner import BenchConfig, run_benchmarks
+from harness.bench.timing import TimingConfig
+from harness.bench.workloads import CaseSpec, Workload, get_workload
 from harness.cli.main import main
-from harness.cli.run_jobs import file_stem, probe_seconds, schedule
+from harness.cli.run_jobs import (
+    WIDTH,
+    Done,
+    _child_env,
+    cases_done,
+    closing_verdict,
+    file_stem,
+    heartbeat,
+    printer,
+    probe_seconds,
+    schedule,
+    tests_done,
+)
 from harness.core.registry import BackendEntry
-from harness.results.store import load_results
+from harness.core.threads import timing_threads
+from harness.results.store import load_results, save_results
 from reference_backends.reference import ReferenceBackend
 
 # Fails every property at its first example (it refuses the valid steps it claims), so
@@ -135,3 +153,143 @@ def test_an_unwritable_out_folder_is_a_usage_error(
     blocker.write_text("")
     assert main(["run", "--backend", "reference", "--out", str(blocker / "run")]) == 2
     assert "cannot create" in capsys.readouterr().err
+
+
+# -- progress with content, and the closing verdict ------------------------------------
+
+
+def _log(path: Path, *lines: str) -> Path:
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def test_the_heartbeat_reads_each_conformance_logs_last_count(tmp_path: Path) -> None:
+    triton = _log(
+        tmp_path / "triton.log",
+        "attn-harness conform: triton · 22 properties, 49 tests · profile ci",
+        "[   30 s] triton: 4/49 tests done, about 9 min left (now test_a[triton])",
+        "test_a   passed (13 ex)",
+        "[  310 s] triton: 12/49 tests done, about 4 min left (now test_b[triton])",
+    )
+    flex = _log(tmp_path / "flex.log", "[  300 s] flex: 30/49 tests done (now test_c[flex])")
+    quiet = _log(tmp_path / "sdpa.log", "attn-harness conform: sdpa · 22 properties, 49 tests")
+    assert tests_done(triton) == Done(12, 49, "4 min")
+    assert tests_done(flex) == Done(30, 49, None)
+    assert tests_done(quiet) is None
+    assert tests_done(tmp_path / "missing.log") is None
+    running = [
+        ("triton", tests_done(triton), 310.0),
+        ("flex", tests_done(flex), 300.0),  # its own rate: 19 more at 10 s each
+        ("sdpa", tests_done(quiet), 12.0),
+    ]
+    assert heartbeat("conformance", running, waiting=2) == (
+        "conformance: triton 12/49 (~4 min left), flex 30/49 (~3 min), sdpa 12 s; 2 waiting"
+    )
+
+
+def test_a_heartbeat_fits_its_width_by_dropping_detail_in_turn() -> None:
+    long = "tests/fixtures/conform_backends.py:RefusesEverything"
+    running = [(long, Done(3, 49, "9 min"), 40.0), ("flex", Done(30, 49), 300.0)]
+    full = heartbeat("conformance", running, 1, width=200)
+    assert full == f"conformance: {long} 3/49 (~9 min left), flex 30/49 (~3 min); 1 waiting"
+    no_estimates = heartbeat("conformance", running, 1, width=len(full) - 1)
+    assert no_estimates == f"conformance: {long} 3/49, flex 30/49; 1 waiting"
+    cut = heartbeat("conformance", running, 1, width=len(no_estimates) - 1)
+    assert cut == "conformance: tests/fixtu~ 3/49, flex 30/49; 1 waiting"
+    many = [(f"backend{i}", Done(i, 49), 9.0) for i in range(1, 20)]
+    line = heartbeat("conformance", many, 0)
+    assert len(line) <= WIDTH - 10
+    assert line.endswith("more")
+    assert line.startswith("conformance: backend1 1/49, backend2 2/49,")
+
+
+def test_the_bench_heartbeat_reads_its_progress_bar_or_plain_lines(tmp_path: Path) -> None:
+    bar = tmp_path / "bar.log"
+    bar.write_text(
+        "bench:   0%|          | 0/120 [00:00<?, ?case/s]"
+        "\rbench:  10%|#         | 12/120 [00:20<03:00, 1.67s/case, extend@1/ctx=1024 sdpa]"
+    )
+    assert cases_done(bar) == Done(12, 120)
+    plain = _log(tmp_path / "plain.log", "[11/120] decode-sweep@1/ctx=512 sdpa", "[12/120] x")
+    assert cases_done(plain) == Done(12, 120)
+    table = _log(tmp_path / "table.log", "  ctx=1024 chunk=128 x2  (2 seqs, 256 new tokens)")
+    assert cases_done(table) is None
+    assert heartbeat("bench", [("cases", cases_done(bar), 20.0)]) == (
+        "bench: cases 12/120 (~3 min left)"
+    )
+
+
+def test_on_a_terminal_progress_is_one_live_line_that_the_next_line_replaces() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    screen = Terminal()
+    say = printer(screen)
+    say.live("conformance: triton 12/49 (~4 min left)")
+    say.live("conformance: triton 13/49 (~4 min left)")
+    say("conformance: triton: PASSED")
+    text = screen.getvalue()
+    assert text.count("\r\x1b[K") == 3  # two redraws, then cleared for the real line
+    assert text.endswith("s] conformance: triton: PASSED\n")
+    assert text.count("\n") == 1  # the live line never leaves a line behind
+    plain = io.StringIO()
+    say = printer(plain)
+    say.live("conformance: triton 12/49")  # no terminal: nothing
+    assert plain.getvalue() == ""
+
+
+SPEC = CaseSpec("decode", (9, 5), (1, 1), seed=1, num_heads=4, num_kv_heads=2, head_dim=16)
+SPEC2 = dataclasses.replace(SPEC, name="decode2")
+TINY = Workload("tiny", 1, "decode", "tests only", (SPEC, SPEC2), (SPEC, SPEC2))
+FAST = TimingConfig(warmup=1, min_samples=5, max_samples=5, cold_cache=False)
+
+
+def _results(path: Path, flags: list[str], case_flags: list[str], status: str = "PASSED") -> None:
+    """A results file as the bench writes it: the peer of two cases, flags put in."""
+    config = BenchConfig(timing=FAST, prepare_timing=FAST, probe_ceilings=False)
+    record = run_benchmarks([], [TINY], config)
+    first, second = record.cases
+    first.flags = case_flags
+    second.status, second.forward, second.metrics = status, None, None
+    if status == "PASSED":
+        second.status = "UNSUPPORTED"
+    record.flags = flags
+    save_results(record, path)
+
+
+def test_the_closing_verdict_counts_every_flag_of_the_results_file(tmp_path: Path) -> None:
+    results, log = tmp_path / "bench.json", tmp_path / "bench.log"
+    error = "measurement error: compute at 220% of its ceiling; fraction withheld (x)"
+    spread = "ceiling spread: float32 matmul 36 GFLOP/s to 107 GFLOP/s over 3 probes (66%); y"
+    _results(results, [spread], [error])
+    assert closing_verdict([], 0, results, log) == (
+        "main job: conformance passed; bench passed (1 PASSED, 1 UNSUPPORTED), 2 flags: "
+        "1 ceiling spread (float32 matmul 36 GFLOP/s to 107 GFLOP/s over 3 probes), "
+        "1 measurement error (compute at 220% of its ceiling)"
+    )
+    assert closing_verdict(["flex"], None, results, log) == (
+        "main job: conformance FAILED for flex"
+    )
+    _results(results, [], [], status="TIMEOUT")
+    assert closing_verdict([], 1, results, log).endswith(
+        "bench FAILED (1 PASSED, 1 TIMEOUT), no flags"
+    )
+
+
+def test_without_results_the_verdict_says_why(tmp_path: Path) -> None:
+    log = _log(tmp_path / "bench.log", "attn-harness bench: error: results not saved: full")
+    assert closing_verdict([], 2, tmp_path / "bench.json", log) == (
+        "main job: conformance passed; bench FAILED: no results (exit 2): "
+        "attn-harness bench: error: results not saved: full"
+    )
+
+
+def test_conformance_runs_on_one_thread_and_the_bench_as_a_plain_bench(monkeypatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert _child_env(one_thread=True)["OMP_NUM_THREADS"] == "1"
+    assert "OMP_NUM_THREADS" not in _child_env(one_thread=False)  # torch's default, as alone
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert _child_env(one_thread=False)["OMP_NUM_THREADS"] == "3"  # the user's, for both
+    assert timing_threads() == (torch.get_num_threads(), "OMP_NUM_THREADS=3")
+    assert timing_threads(2) == (2, "--threads")

@@ -82,6 +82,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from harness.bench.environment import usable_cpus
     from harness.cli.run_jobs import (
         ConformanceJob,
+        closing_verdict,
         file_stem,
         printer,
         probe_seconds,
@@ -148,9 +149,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     index = _report(inputs, out / "report", say)
     failed = [j.backend for j in jobs if j.code != 0]
     say(
-        "main job: "
-        + (f"conformance FAILED for {', '.join(failed)}" if failed else "conformance passed")
-        + ("" if args.no_bench else f"; bench {'FAILED' if bench_code else 'passed'}")
+        closing_verdict(
+            failed, None if args.no_bench else bench_code, bench_json, out / "bench.log"
+        )
     )
     if index is not None:
         print(f"report: {index.resolve()}")
@@ -158,10 +159,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _bench_verdict(log: Path, code: int) -> str:
-    from harness.cli.run_jobs import last_line
+    from harness.cli.run_jobs import bench_summary
 
-    counts = last_line(log, "bench:")
-    return f"{counts.removeprefix('bench: ') if counts else 'no results'} (exit {code})"
+    return bench_summary(log.with_name("bench.json"), log, code)
 
 
 def _report(inputs: list[str], out: Path, say: Any) -> Path | None:

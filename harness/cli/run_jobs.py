@@ -13,12 +13,24 @@ interrupted run keeps what it completed and never a half-written file.
 
 Every step is a subprocess of the installed ``attn-harness`` (``python -m
 harness``): the same commands a user would type, and one backend's crash
-or hang cannot take the others with it.
+or hang cannot take the others with it. Conformance workers run torch on one
+thread (``OMP_NUM_THREADS=1`` unless set); the bench gets the environment
+unchanged, so it times at the thread count a plain ``attn-harness bench``
+would use here (``harness.core.threads.timing_threads``) and the two compare.
+
+Progress has content: each conformance log's last ``N/M tests done`` line
+(``attn-harness conform`` prints one periodically without a terminal) and
+the bench's case count give a heartbeat such as ``conformance: triton 12/49
+(~4 min left), flex 30/49 (~2 min); 2 waiting``, at most ``WIDTH`` columns,
+shown as a live line on a terminal and as a plain line every
+``HEARTBEAT_S`` seconds without one. ``closing_verdict`` composes the last line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -30,7 +42,13 @@ from typing import IO, TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from harness.core.registry import BackendEntry
 
-HEARTBEAT_S = 30.0
+HEARTBEAT_S = 30.0  # a plain progress line this often without a terminal
+LIVE_S = 1.0  # the live line's refresh on a terminal
+WIDTH = 100  # progress lines, their "[   12 s] " prefix included, fit this many columns
+TAIL_BYTES = 16384  # how much of a log's end is read for its last progress line
+TESTS_DONE = re.compile(r"(\d+)/(\d+) tests done(?:, about (\d+ (?:s|min)) left)?")
+# the bench's progress: tqdm's "| 12/120 [" or, without tqdm, "[12/120] case"
+CASES_DONE = re.compile(r"(?:^\[|\|\s*)(\d+)/(\d+)[\]\s]")
 
 
 @dataclass
@@ -99,11 +117,104 @@ def harness_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "harness", *args]
 
 
-def _child_env() -> dict[str, str]:
+def _child_env(*, one_thread: bool) -> dict[str, str]:
+    """A step's environment: unbuffered output; one torch thread for conformance workers.
+
+    The bench is left at the user's setting (or torch's default), as a plain
+    ``attn-harness bench`` is, so their times compare; its tqdm bar redraws at
+    most every 5 s, since it lands in a log file.
+    """
     env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
+    if one_thread:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    else:
+        env.setdefault("TQDM_MININTERVAL", "5")
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+# -- progress with content -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Done:
+    """How far a step has got: ``done`` of ``total``, and its own estimate of the rest."""
+
+    done: int
+    total: int
+    left: str | None = None  # "3 min", "40 s": what the step itself said
+
+    def estimate(self, elapsed: float) -> str | None:
+        """The step's estimate, else one from the rate so far (none before the first)."""
+        if self.left:
+            return self.left
+        if not 0 < self.done < self.total:
+            return None
+        seconds = elapsed / self.done * (self.total - self.done)
+        return f"{seconds:.0f} s" if seconds < 60 else f"{seconds / 60:.0f} min"
+
+
+def _tail(path: Path) -> str:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(0, path.stat().st_size - TAIL_BYTES))
+            return handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def tests_done(log: Path) -> Done | None:
+    """The last ``N/M tests done[, about T left]`` line of a conformance log."""
+    found = TESTS_DONE.findall(_tail(log))
+    if not found:
+        return None
+    done, total, left = found[-1]
+    return Done(int(done), int(total), left or None)
+
+
+def cases_done(log: Path) -> Done | None:
+    """The bench's last ``done/total`` count (its progress bar, or its plain lines)."""
+    found = [m for part in re.split(r"[\r\n]", _tail(log)) for m in CASES_DONE.findall(part)]
+    if not found:
+        return None
+    done, total = found[-1]
+    return Done(int(done), int(total))
+
+
+def _job_text(name: str, done: Done | None, elapsed: float, first: bool, detail: int) -> str:
+    """One job in a heartbeat, at a level of detail: 2 all, 1 no estimate, 0 name cut too."""
+    if detail == 0 and len(name) > 12:
+        name = name[:11] + "~"
+    if done is None:
+        return f"{name} {elapsed:.0f} s"
+    text = f"{name} {done.done}/{done.total}"
+    left = done.estimate(elapsed) if detail == 2 else None
+    return text + (f" (~{left}{' left' if first else ''})" if left else "")
+
+
+def heartbeat(
+    phase: str,
+    running: Sequence[tuple[str, Done | None, float]],
+    waiting: int = 0,
+    width: int = WIDTH - 10,
+) -> str:
+    """``conformance: triton 12/49 (~4 min left), flex 30/49 (~2 min); 2 waiting``.
+
+    ``running``: (name, progress or None, seconds running). Within ``width``
+    columns: estimates are dropped first, then long names cut, then the last
+    jobs counted as ``+N more``.
+    """
+    tail = f"; {waiting} waiting" if waiting else ""
+    for detail in (2, 1, 0):
+        jobs = [_job_text(n, d, e, i == 0, detail) for i, (n, d, e) in enumerate(running)]
+        line = f"{phase}: {', '.join(jobs)}{tail}"
+        if len(line) <= width:
+            return line
+    for keep in range(len(jobs) - 1, 0, -1):
+        line = f"{phase}: {', '.join(jobs[:keep])}, +{len(jobs) - keep} more{tail}"
+        if len(line) <= width:
+            return line
+    return line[: width - 3] + "..."
 
 
 def run_conformance_jobs(
@@ -138,7 +249,7 @@ def run_conformance_jobs(
                     ),
                     stdout=handle,
                     stderr=subprocess.STDOUT,
-                    env=_child_env(),
+                    env=_child_env(one_thread=True),
                 )
                 handle.close()
                 running.append(job)
@@ -153,12 +264,17 @@ def run_conformance_jobs(
                 running.remove(job)
                 verdict = job.verdict.removeprefix("attn-harness conform: ")
                 say(f"conformance: {job.backend}: {verdict}")
-            if running and time.monotonic() - last_beat >= HEARTBEAT_S:
+            live = _live(say)
+            every = LIVE_S if live is not None else HEARTBEAT_S
+            if running and time.monotonic() - last_beat >= every:
                 last_beat = time.monotonic()
-                busy = ", ".join(
-                    f"{j.backend} {time.monotonic() - j.started:.0f} s" for j in running
+                now = time.monotonic()
+                line = heartbeat(
+                    "conformance",
+                    [(j.backend, tests_done(j.log), now - j.started) for j in running],
+                    len(waiting),
                 )
-                say(f"conformance: running {busy}; {len(waiting)} waiting")
+                (live or say)(line)
     finally:
         for job in running:
             if job.process is not None and job.process.poll() is None:
@@ -174,31 +290,85 @@ def run_bench(
     device: str,
     say: Callable[[str], None],
 ) -> int:
-    """The benchmark workloads as ``attn-harness bench`` runs them; its table goes to ``log``."""
+    """The benchmark workloads as ``attn-harness bench`` runs them; its output goes to ``log``.
+
+    Its table, its progress and any backend's prints land in ``log``; the
+    heartbeat reads the case count from there. A results file left by an
+    earlier run is removed first, so the closing verdict never reads a stale one.
+    """
+    from harness.core.threads import timing_threads
+
+    threads, why = timing_threads()
+    say(f"bench: torch threads {threads} ({why}), as attn-harness bench on its own times here")
     args = ["bench", "--device", device, "--out", str(out)]
     for name in backends:
         args += ["--backend", name]
     for name in workloads:
         args += ["--workload", name]
-    if not sys.stderr.isatty():
-        args.append("--no-progress")
-    started = time.monotonic()
+    out.unlink(missing_ok=True)
+    started = last_beat = time.monotonic()
     with log.open("wb") as handle:
         process = subprocess.Popen(
-            harness_command(*args), stdout=handle, stderr=None, env=_child_env()
+            harness_command(*args),
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env=_child_env(one_thread=False),
         )
         try:
             while process.poll() is None:
-                try:
-                    process.wait(timeout=HEARTBEAT_S)
-                except subprocess.TimeoutExpired:
-                    if not sys.stderr.isatty():
-                        say(f"bench: running, {time.monotonic() - started:.0f} s")
+                live = _live(say)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=0.5)
+                every = LIVE_S if live is not None else HEARTBEAT_S
+                if process.poll() is None and time.monotonic() - last_beat >= every:
+                    last_beat = time.monotonic()
+                    elapsed = last_beat - started
+                    done = cases_done(log)
+                    line = (
+                        heartbeat("bench", [("cases", done, elapsed)])
+                        if done is not None
+                        else f"bench: running, {elapsed:.0f} s"
+                    )
+                    (live or say)(line)
         finally:
             if process.poll() is None:
                 process.terminate()
                 process.wait()
     return int(process.returncode)
+
+
+def bench_summary(results: Path, log: Path, code: int) -> str:
+    """``passed (100 PASSED, 20 UNSUPPORTED), 3 flags: ...`` from the results file, or why none.
+
+    The flags counted are every flag the results file holds (the run's and each
+    case's), as ``attn-harness bench`` counts them on its own closing line.
+    """
+    from harness.bench.table import bench_verdict
+    from harness.results.store import ResultsError, load_results
+
+    try:
+        verdict = bench_verdict(load_results(results))
+    except (ResultsError, OSError):
+        said = last_line(log, "attn-harness bench:") or last_line(log, "bench:")
+        why = f": {said}" if said else f" (see {log})"
+        return f"FAILED: no results (exit {code}){why}"
+    if code != 0 and verdict.startswith("passed"):
+        verdict += f" (exit {code})"
+    return verdict
+
+
+def closing_verdict(failed: Sequence[str], bench_code: int | None, results: Path, log: Path) -> str:
+    """The main job's last line: conformance, then the bench with its flags counted.
+
+    ``failed``: backends whose conformance failed; ``bench_code``: the bench's
+    exit code, ``None`` when the bench did not run (``--no-bench``).
+    """
+    line = "main job: " + (
+        f"conformance FAILED for {', '.join(failed)}" if failed else "conformance passed"
+    )
+    if bench_code is not None:
+        line += f"; bench {bench_summary(results, log, bench_code)}"
+    return line
 
 
 def last_line(path: Path, prefix: str) -> str | None:
@@ -210,10 +380,40 @@ def last_line(path: Path, prefix: str) -> str | None:
     return found[-1] if found else None
 
 
-def printer(stream: IO[str]) -> Callable[[str], None]:
-    started = time.monotonic()
+class Printer:
+    """Lines prefixed with the seconds since the job started; a live line on a terminal.
 
-    def say(line: str) -> None:
-        print(f"[{time.monotonic() - started:5.0f} s] {line}", file=stream, flush=True)
+    ``live(text)`` redraws one transient line in place (only on a terminal);
+    the next ordinary line replaces it.
+    """
 
-    return say
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+        self.started = time.monotonic()
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self._live_shown = False
+
+    def _prefix(self) -> str:
+        return f"[{time.monotonic() - self.started:5.0f} s] "
+
+    def __call__(self, line: str) -> None:
+        if self._live_shown:
+            self.stream.write("\r\x1b[K")
+            self._live_shown = False
+        print(f"{self._prefix()}{line}", file=self.stream, flush=True)
+
+    def live(self, line: str) -> None:
+        if not self.tty:
+            return
+        self.stream.write(f"\r\x1b[K{(self._prefix() + line)[:WIDTH]}")
+        self.stream.flush()
+        self._live_shown = True
+
+
+def _live(say: Callable[[str], None]) -> Callable[[str], None] | None:
+    """``say``'s live line, when it is a ``Printer`` on a terminal."""
+    return say.live if isinstance(say, Printer) and say.tty else None
+
+
+def printer(stream: IO[str]) -> Printer:
+    return Printer(stream)
