@@ -19,7 +19,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from harness.bench.table import render
-from harness.cli.usage import UsageError, resolve_backends, workloads, writable
+from harness.cli.usage import (
+    UsageError,
+    check_machine,
+    command_parser,
+    resolve_backends,
+    workloads,
+    writable,
+)
 from harness.core.arg_types import OneLineParser, device, output_file, positive_float, positive_int
 from harness.core.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from harness.core.text_table import aligned
@@ -300,8 +307,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
+        check_machine(command_parser(parser, "bench"), args)
         return int(cmd_bench(args, argv))
     except UsageError as exc:
         print(f"attn-harness bench: error: {exc}", file=sys.stderr)

@@ -57,7 +57,9 @@ def add_dist_command(subparsers: Any) -> None:
         help="graph mode: every step padded to the captured size (1, 2, 4, 8, 16, 32, ...)",
     )
     p.add_argument("--dist-backend", default="auto", choices=("auto", "gloo", "nccl"))
-    p.add_argument("--json", type=Path, metavar="FILE", help="write the run's summary as JSON")
+    p.add_argument(
+        "--json", type=output_file, metavar="FILE", help="write the run's summary as JSON"
+    )
     p.add_argument(
         "--inject",
         action="append",
@@ -114,7 +116,7 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
     if args.json is not None:
         problem = check_writable(args.json)
         if problem is not None:
-            return f"--json: {problem}"
+            return f"--json {args.json}: {problem}"
     return group_problem(args.dist_backend, args.device, args.dp_size) or _claim_problem(args)
 
 
@@ -255,7 +257,7 @@ def _bench_problem(args: argparse.Namespace, load: Any) -> str | None:
 
     problem = check_writable(args.out)
     if problem is not None:
-        return f"--out: {problem}"
+        return f"--out {args.out}: {problem}"
     if max(args.dp_sizes) > args.sequences:
         return f"--sequences {args.sequences} < dp size {max(args.dp_sizes)}: a rank with none"
     problem = group_problem("auto", args.device, max(args.dp_sizes))

@@ -18,7 +18,7 @@ from harness.cli.dist import add_dist_bench_command, add_dist_command
 from harness.cli.gate import add_baseline_command, add_gate_command
 from harness.cli.report import add_report_command
 from harness.cli.run import add_run_command
-from harness.cli.usage import UsageError, resolve_backends
+from harness.cli.usage import UsageError, check_machine, command_parser, resolve_backends
 from harness.conformance.plugin_names import PROFILE_NAMES
 from harness.core.arg_types import OneLineParser, device, one_of, output_file
 from harness.core.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
@@ -332,8 +332,7 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
     """The parsed command line; an unknown option is the subcommand's error, as a bad value is."""
     args, extra = parser.parse_known_args(argv)
     if extra:
-        (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+        command_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
     return args
 
 
@@ -348,6 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_OK
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     try:
+        check_machine(command_parser(parser, args.command), args)
         return int(args.func(args))
     except UsageError as exc:
         print(f"attn-harness {args.command}: error: {exc}", file=sys.stderr)

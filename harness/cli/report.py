@@ -76,7 +76,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from harness.cli.usage import UsageError, check_machine, command_parser
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        check_machine(command_parser(parser, "report"), args)
+    except UsageError as exc:
+        print(f"attn-harness report: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     return int(args.func(args))
 
 

@@ -10,10 +10,13 @@ exit status 2.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+from harness.core.arg_types import MachineChecked
 
 if TYPE_CHECKING:
     from harness.bench.workloads import Workload
@@ -22,6 +25,33 @@ if TYPE_CHECKING:
 
 class UsageError(Exception):
     """A bad command line, found before anything runs: its message names the option and value."""
+
+
+def command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The subcommand ``command``'s own parser (whose actions ``check_machine`` reads)."""
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    found: argparse.ArgumentParser = sub.choices[command]
+    return found
+
+
+def check_machine(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every ``MachineChecked`` value of the parsed command against this machine, defaults too.
+
+    A missing input file, an output folder that cannot be made, ``--device
+    cuda`` without a GPU: the message argparse would give, before any work.
+    """
+    for action in parser._actions:
+        if not isinstance(action.type, MachineChecked):
+            continue
+        given = getattr(args, action.dest, None)
+        for value in given if isinstance(given, list) else [given]:
+            if value is None:
+                continue
+            try:
+                action.type.check(value)
+            except argparse.ArgumentTypeError as exc:
+                name = "/".join(action.option_strings) or action.metavar or action.dest
+                raise UsageError(f"argument {name}: {exc}") from None
 
 
 def resolve_backends(specs: Sequence[str], option: str = "--backend") -> list[BackendEntry]:

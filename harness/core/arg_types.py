@@ -5,7 +5,9 @@ The ``attn-harness`` commands and the module entry points below the CLI layer
 values with these, so the same mistake gets the same one-line message and
 exit status 2 everywhere, before any work starts. Standard library only
 (``--help`` must not load torch): only ``device`` imports torch, and only to
-ask whether a CUDA device is there when ``cuda`` is asked for.
+ask whether a CUDA device is there when ``cuda`` is asked for. A
+``MachineChecked`` type splits its check in two: the parser checks the form,
+a check after parsing asks the machine (``harness.cli.usage.check_machine``).
 """
 
 from __future__ import annotations
@@ -105,52 +107,86 @@ DTYPES = ("float32", "float16", "bfloat16")
 dtype = one_of("dtype", DTYPES)
 
 
-def device(text: str) -> str:
-    """``cpu``, or ``cuda`` where torch sees a CUDA device: refused here, not by every worker."""
-    name = one_of("device", DEVICES)(text)
-    if name == "cuda":
-        import torch
+class MachineChecked:
+    """A type whose form the parser checks and whose fit to this machine is checked after.
 
-        if not torch.cuda.is_available():
-            raise argparse.ArgumentTypeError(
-                f"cuda: no CUDA device is available (torch {torch.__version__}, "
-                f"built with CUDA {torch.version.cuda or 'no'})"
-            )
-    return name
+    ``type(text)`` checks the form (a device's name, a non-empty path), so a
+    command line from the docs parses anywhere. ``check(value)`` asks the
+    machine (is there a CUDA device, does the file exist, can the folder be
+    written); ``harness.cli.usage.check_machine`` runs it for every such
+    option of the parsed command, before the command does anything.
+    """
+
+    def __init__(self, name: str, form: Callable[[str], str], check: Callable[[str], None]) -> None:
+        self.__name__ = name  # argparse names the type in its messages
+        self._form, self._check = form, check
+
+    def __call__(self, text: str) -> str:
+        return self._form(text)
+
+    def check(self, value: str) -> None:
+        """``ArgumentTypeError`` when ``value`` does not fit this machine."""
+        self._check(value)
 
 
-def torch_device(text: str) -> str:
-    """``device``, or ``cuda:N`` naming a CUDA device torch sees (one process per rank)."""
+def _device_form(text: str) -> str:
     kind, colon, index = text.partition(":")
-    if not colon:
-        return device(text)
-    if kind != "cuda" or not index.isdigit():
+    if colon and kind == "cuda" and index.isdigit():
+        return text
+    if colon:
         raise argparse.ArgumentTypeError(f"unknown device {text!r} (choose from cpu, cuda, cuda:N)")
-    device(kind)
+    return one_of("device", DEVICES)(text)
+
+
+def _device_present(value: str) -> None:
+    if not value.startswith("cuda"):
+        return
     import torch
 
-    if int(index) >= torch.cuda.device_count():
+    if not torch.cuda.is_available():
         raise argparse.ArgumentTypeError(
-            f"{text}: torch sees {torch.cuda.device_count()} CUDA device(s)"
+            f"{value}: no CUDA device is available (torch {torch.__version__}, "
+            f"built with CUDA {torch.version.cuda or 'no'})"
         )
-    return text
+    _, _, index = value.partition(":")
+    if index and int(index) >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(
+            f"{value}: torch sees {torch.cuda.device_count()} CUDA device(s)"
+        )
 
 
-def input_path(text: str) -> str:
-    """A file or folder that exists and can be read: an input named on the command line."""
+def _cpu_or_cuda(text: str) -> str:
+    return one_of("device", DEVICES)(text)
+
+
+device = MachineChecked("device", _cpu_or_cuda, _device_present)
+"""``cpu``, or ``cuda`` where torch sees a CUDA device: refused up front, not by every worker."""
+
+torch_device = MachineChecked("device", _device_form, _device_present)
+"""``device``, or ``cuda:N`` naming a CUDA device torch sees (one process per rank)."""
+
+
+def _named(noun: str) -> Callable[[str], str]:
+    def form(text: str) -> str:
+        if not text:
+            raise argparse.ArgumentTypeError(f"expected a {noun} name, got ''")
+        return text
+
+    return form
+
+
+def _readable(text: str) -> None:
     path = Path(text)
-    if not text or not path.exists():
+    if not path.exists():
         raise argparse.ArgumentTypeError(f"{text!r} does not exist")
     if not os.access(path, os.R_OK | (os.X_OK if path.is_dir() else 0)):
         raise argparse.ArgumentTypeError(f"{text} cannot be read")
-    return text
 
 
-def input_file(text: str) -> str:
-    """A file that exists and can be read (not a folder)."""
-    if Path(input_path(text)).is_dir():
+def _readable_file(text: str) -> None:
+    _readable(text)
+    if Path(text).is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a directory, not a file")
-    return text
 
 
 def _writable_folder(folder: Path, prefix: str) -> None:
@@ -161,49 +197,53 @@ def _writable_folder(folder: Path, prefix: str) -> None:
         raise argparse.ArgumentTypeError(f"{prefix}: cannot write in folder {folder}")
 
 
-def output_file(text: str) -> str:
-    """A file that can be written: not a folder, in a folder that exists and can be written.
-
-    Nothing is created here; the command writes the file (atomically) once it has it.
-    """
+def _file_writable(text: str) -> None:
     path = Path(text)
-    if not text:
-        raise argparse.ArgumentTypeError("expected a file name, got ''")
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a directory")
     _writable_folder(path.parent if str(path.parent) else Path("."), text)
     if path.exists() and not os.access(path, os.W_OK):
         raise argparse.ArgumentTypeError(f"{text} is not writable")
-    return text
 
 
-def output_dir(text: str) -> str:
-    """A folder that exists and can be written, or one that can be made (in such a folder).
-
-    Its missing parents may be made too, so the check walks up to the
-    nearest folder that exists; nothing is created here.
-    """
+def _folder_creatable(text: str) -> None:
     path = Path(text)
-    if not text:
-        raise argparse.ArgumentTypeError("expected a folder name, got ''")
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} exists and is not a directory")
     existing = path
     while not existing.exists():
         existing = existing.parent
     _writable_folder(existing, f"cannot create {text}" if existing != path else text)
-    return text
 
 
-def creatable_file(text: str) -> str:
-    """``output_file``, but its folder (and missing parents) may be made when it is written."""
+def _file_creatable(text: str) -> None:
     path = Path(text)
-    if not text or path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a file name")
-    output_dir(str(path.parent))
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory")
+    try:
+        _folder_creatable(str(path.parent))
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{text}: {exc}") from None
     if path.exists() and not os.access(path, os.W_OK):
         raise argparse.ArgumentTypeError(f"{text} is not writable")
-    return text
+
+
+input_path = MachineChecked("path", _named("file or folder"), _readable)
+"""A file or folder that exists and can be read: an input named on the command line."""
+
+input_file = MachineChecked("file", _named("file"), _readable_file)
+"""A file that exists and can be read (not a folder)."""
+
+output_file = MachineChecked("file", _named("file"), _file_writable)
+"""A file that can be written: not a folder, in a folder that exists and can be written.
+Nothing is created by the check; the command writes the file (atomically) once it has it."""
+
+output_dir = MachineChecked("folder", _named("folder"), _folder_creatable)
+"""A folder that exists and can be written, or can be made: the nearest folder above it
+that exists can be written (missing parents are made too). Nothing is created by the check."""
+
+creatable_file = MachineChecked("file", _named("file"), _file_creatable)
+"""``output_file``, but its folder (and missing parents) may be made when it is written."""
 
 
 def name_pair(text: str) -> tuple[str, str]:
