@@ -17,12 +17,23 @@
 
 The counts themselves change with the code (hypothesis mixes the checkout's
 constants into its draws), so they are not recomputed.
+
+* docs/write-a-backend.md's figures, from ``python tools/guide_figures.py``:
+  the quick check's case count and the conform test count are what
+  ``--counts-only`` computes today; the top-left failure count is what the
+  quick check finds on the guide's backend with ``visible.tril()`` (a few
+  seconds), and the failure line it quotes names one of those cases; every
+  time the guide gives (seconds, in prose or in a quoted output) sits in a
+  paragraph naming that command, a date and the machine. The times are not
+  rerun.
 """
 
 from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -37,12 +48,15 @@ from harness.conformance.claim_coverage import (
 from harness.conformance.profiles import get_profile
 from harness.core.registry import default_registry
 from harness.numerics import discrimination
+from tools import guide_figures
+from tools.doc_blocks import FENCE
 
 pytestmark = pytest.mark.xdist_group("discrimination")  # one worker computes the tables
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFORMANCE = ROOT / "docs" / "conformance.md"
 README = ROOT / "README.md"
+GUIDE = ROOT / "docs" / "write-a-backend.md"
 
 CORRECT_SLACK = 0.10  # a correct figure: within 10% of the range the doc gives
 BUG_SLACK = 0.05  # a bug's figure: within 5% (it is given to 2-3 digits)
@@ -225,3 +239,113 @@ def test_junit_property_example_is_the_tables_dtype_row(path, example):
     assert quoted, f"{path.name} quotes no JUnit coverage property"
     dtype = _counts(_rows(example)["dtype"])
     assert set(quoted) == {"; ".join(f"{label}={n}" for label, n in dtype.items())}
+
+
+# --- the write-a-backend guide's figures ------------------------------------------------
+
+CHECK_ROW = re.compile(
+    r"^my_backend\.py:MyBackend +(?P<passed>\d+) +(?P<failed>\d+) +(?P<errors>\d+) "
+    r"+(?P<unsupported>\d+) ",
+    re.MULTILINE,
+)
+TOP_LEFT = re.compile(r"\(`visible\.tril\(\)`\).*?(\d+) of the (\d+) cases failed", re.DOTALL)
+CONFORM_LINE = re.compile(
+    r"PASSED: every property held for my_backend\.py:MyBackend \((\d+) tests\)"
+)
+QUOTED_FAILURE = re.compile(r"^FAILED +top_left\.py:TopLeft: ([^:]+): ", re.MULTILINE)
+SECONDS = re.compile(r"\b\d+(?:\.\d+)? ?(?:s|seconds?|ms|min|minutes?)\b")
+PRODUCED = re.compile(
+    re.escape(guide_figures.COMMAND) + r"\b.*\b\d{4}-\d{2}-\d{2}\b.*\b\d+ cores?\b", re.DOTALL
+)
+
+
+def _guide_paragraphs() -> list[str]:
+    """The guide's prose paragraphs; a code block is read with the paragraph after it,
+    which says where its output came from. Headings are left out."""
+    paragraphs, pending = [], ""
+    for part in re.split(r"(^```[\w-]*\n.*?^```[ \t]*$)", GUIDE.read_text(), flags=re.M | re.S):
+        if FENCE.fullmatch(part):
+            pending += part + "\n"
+            continue
+        for paragraph in re.split(r"\n\s*\n", part):
+            if paragraph.strip() and not paragraph.lstrip().startswith("#"):
+                paragraphs.append(pending + paragraph)
+                pending = ""
+    return paragraphs
+
+
+@pytest.fixture(scope="module")
+def counts() -> dict[str, int]:
+    """What ``python tools/guide_figures.py --counts-only`` prints, as figure -> count."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "guide_figures.py"), "--counts-only"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rows = re.findall(
+        r"^\| `(\w+)` (\w+), my_backend\.py:MyBackend \| (\d+) \|$", done.stdout, re.M
+    )
+    assert len(rows) == 2, done.stdout
+    return {f"{command} {what}": int(n) for command, what, n in rows}
+
+
+@pytest.fixture(scope="module")
+def top_left_failures(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The quick check's failed cases on the guide's backend with its mask aligned top-left."""
+    from harness.conformance.check_matrix import run_quick_check
+    from harness.core.registry import BackendRegistry
+    from harness.core.threads import fixed_threads
+
+    files = guide_figures.write_backends(tmp_path_factory.mktemp("guide"))
+    entry = BackendRegistry(autoload=False).resolve(f"{files[guide_figures.TOP_LEFT_SPEC]}:TopLeft")
+    with fixed_threads(1):
+        results = run_quick_check(entry)
+    return [r.case for r in results if r.status in ("FAILED", "ERROR")]
+
+
+def test_guide_check_table_counts_the_quick_checks_cases(counts):
+    row = CHECK_ROW.search(GUIDE.read_text())
+    assert row, "the guide quotes no check table row for my_backend.py:MyBackend"
+    assert int(row["failed"]) == int(row["errors"]) == int(row["unsupported"]) == 0
+    assert int(row["passed"]) == counts["check cases"], "re-run python tools/guide_figures.py"
+
+
+def test_guide_top_left_failures_are_the_quick_checks(counts, top_left_failures):
+    text = GUIDE.read_text()
+    figures = TOP_LEFT.search(text)
+    assert figures, "the guide gives no top-left failure count"
+    failed, of = int(figures[1]), int(figures[2])
+    assert of == counts["check cases"], "re-run python tools/guide_figures.py"
+    assert failed == len(top_left_failures), "re-run python tools/guide_figures.py"
+    quoted = QUOTED_FAILURE.findall(text)
+    assert quoted, "the guide quotes no failure line of top_left.py:TopLeft"
+    assert set(quoted) <= set(top_left_failures), f"{quoted} do not fail"
+
+
+def test_guide_conform_test_count_is_the_suites(counts):
+    quoted = CONFORM_LINE.findall(GUIDE.read_text())
+    assert quoted, "the guide quotes no passing conform line for my_backend.py:MyBackend"
+    assert {int(n) for n in quoted} == {counts["conform tests"]}, "re-run tools/guide_figures.py"
+
+
+def test_guide_top_left_variant_changes_only_the_mask():
+    source = guide_figures.guide_backend()
+    variant = guide_figures.top_left_backend(source).splitlines()
+    changed = [(a, b) for a, b in zip(source.splitlines(), variant, strict=True) if a != b]
+    assert [b for _, b in changed] == [
+        "# top_left.py",
+        "class TopLeft(PagedBackendBase):",
+        '                logits = logits.masked_fill(~visible.tril(), float("-inf"))',
+    ]
+    assert "visible.tril(length - q_len)" in changed[-1][0]
+
+
+def test_guide_times_name_the_command_date_and_machine():
+    timed = [p for p in _guide_paragraphs() if SECONDS.search(p)]
+    assert len(timed) >= 2, "the guide gives no times (check and conform)"
+    for paragraph in timed:
+        assert PRODUCED.search(paragraph), (
+            f"a time in the guide without `{guide_figures.COMMAND}`, a date and the cores:\n"
+            f"{paragraph}"
+        )
