@@ -165,11 +165,12 @@ def test_a_backend_that_is_not_dp_aware_is_refused_with_exit_2(
 def test_an_unknown_backend_or_a_fault_outside_the_group_is_a_usage_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, record, _ = run_dist(tmp_path, "--dp-size", "2", "--backend", "nosuch", capsys=capsys)
-    assert code == 2
-    assert "nosuch" in record["message"]
+    summary = tmp_path / "dist.json"
+    assert main(["dist", "--dp-size", "2", "--backend", "nosuch", "--json", str(summary)]) == 2
+    assert "nosuch" in capsys.readouterr().err
+    assert not summary.exists()  # refused before any rank started: nothing written
     assert main(["dist", "--dp-size", "2", "--backend", "sdpa", "--inject", "raise@2:1"]) == 2
-    assert "rank 2 >= dp_size 2" in capsys.readouterr().out
+    assert "rank 2 >= dp_size 2" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(
@@ -203,7 +204,7 @@ def test_a_backend_without_padding_runs_unpadded_and_idle_ranks_still_join(
     ran = [s for s in record["summary"]["steps"] if s["ranks"]]
     assert any(0 in s["counts"] for s in ran)  # an idle rank took part without a forward
     assert main(["dist", "--dp-size", "2", "--backend", f"{BACKENDS}:NoPadding", "--graph"]) == 2
-    assert "claims no graph-mode padding" in capsys.readouterr().out
+    assert "claims no graph-mode padding" in capsys.readouterr().err
 
 
 def test_a_narrow_claim_runs_inside_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -261,7 +262,7 @@ def test_a_fault_in_a_step_no_rank_has_tokens_still_fires(
         (["--inject", "raise@1:0"], "step 0 is outside"),
         (
             ["--json", "/nonexistent/folder/x.json"],
-            "--json: folder /nonexistent/folder does not exist",
+            "--json: /nonexistent/folder/x.json: folder /nonexistent/folder does not exist",
         ),
         (["--dist-backend", "nccl"], "no CUDA device"),
     ],
@@ -272,9 +273,9 @@ def test_bad_command_lines_are_refused_before_any_rank_starts(
     if "--dist-backend" in args:
         args = [*args, "--device", "cuda"]
     assert main(["dist", "--dp-size", "2", "--backend", "sdpa", "--steps", "3", *args]) == 2
-    out = capsys.readouterr().out
-    assert message in out
-    assert "Traceback" not in out
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
 
 
 def test_any_seed_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -388,5 +389,5 @@ def test_dist_bench_refuses_what_it_cannot_run_before_starting(
 ) -> None:
     out = tmp_path / "scaling.json"
     assert main(["dist-bench", *args, "--out", str(out)]) == 2
-    assert message in capsys.readouterr().out
+    assert message in capsys.readouterr().err
     assert not out.exists()

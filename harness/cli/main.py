@@ -215,6 +215,15 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_conform(args: argparse.Namespace) -> int:
     from harness.conformance.runner import run_conformance
 
+    if args.replay is not None and ("@" in args.replay or not args.replay):
+        # TEST@VERSION:BLOB must parse; whether TEST exists is known once pytest has collected
+        from harness.conformance.report import parse_replay
+
+        try:
+            parse_replay(args.replay)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
     extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
     return run_conformance(
         args.backend,
@@ -226,21 +235,6 @@ def cmd_conform(args: argparse.Namespace) -> int:
         replay=args.replay,
         user_plugins=args.user_plugins,
     )
-
-
-def _replay(text: str) -> str:
-    """A ``--replay`` value: a test's name, or ``TEST@VERSION:BLOB`` that parses as one.
-
-    Whether the test exists is known only once pytest has collected the suite.
-    """
-    if "@" in text or not text:
-        from harness.conformance.report import parse_replay
-
-        try:
-            parse_replay(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc).removeprefix("--replay")) from None
-    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -306,7 +300,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_conform.add_argument(
         "--replay",
-        type=_replay,
         metavar="TEST@VERSION:BLOB",
         help="rerun exactly one failing example, as printed after 'replay:' in a failure entry",
     )
