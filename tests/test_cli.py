@@ -469,3 +469,46 @@ def test_check_prints_each_distinct_error_once_and_only_the_first_few() -> None:
     assert len(lines) == SHOWN_FAILURES + 1
     assert lines[-1] == "... and 15 more failing cases (-v prints every case)"
     assert len(_case_lines("b", distinct, verbose=True)) == 25
+
+
+# -- output width ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_list_fits_the_terminal_and_keeps_every_value(
+    columns: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["list", "--json"]) == EXIT_OK
+    described = json.loads(capsys.readouterr().out)["backends"]
+    monkeypatch.setenv("COLUMNS", str(columns))
+    assert main(["list"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= columns
+    words = set(re.split(r"[\s,]+", out))
+    for backend in described:
+        assert backend["name"] in words
+        for value in (*backend["variants"], *backend["dtypes"], *backend["devices"]):
+            assert value in words, (backend["name"], value)
+
+
+def test_list_at_80_columns_gives_each_backend_a_block(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Twelve columns do not fit 80 however their cells wrap: name, then its values."""
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["list"]) == EXIT_OK
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index("reference")
+    block = " ".join(lines[at + 1 : lines.index("sdpa")])
+    assert block.startswith("  origin built-in  dp-aware yes  dtypes float32,float16,bfloat16")
+    assert "variants window,soft-cap,sinks,alibi,out=,lse,fp8_e4m3,fp8_e5m2,HND" in block
+
+
+def test_check_table_and_coverage_lines_fit_the_terminal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["check", "--backend", "reference"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "dp_size 1..3, both layouts" in " ".join(out.split())

@@ -387,3 +387,62 @@ def test_without_a_baseline_a_failing_status_still_fails(
     assert code == 1
     assert f"FAIL     {SLOW_CASE}" in out
     assert "RUNTIME_ERROR: CUDA error: boom" in out
+
+
+# -- the output's width ------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED_BASELINE = "reports/baselines/cpu-intel-r-xeon-r-processor-2cpu/baseline.json"
+PARTIAL_RUN = "reports/gpu-check-cpu-rehearsal-2026-12-01/bench-cpu.json"
+"""A committed partial run against the committed baseline of its machine: 117 cases MISSING."""
+VERDICTS = (
+    "FAIL",
+    "IMPROVED",
+    "INCONCLUSIVE",
+    "PASS",
+    "MISSING",
+    "NEW",
+    "UNSUPPORTED",
+    "UNCOMPARED",
+)
+
+
+def _gate_output(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], columns: int, *extra: str
+) -> list[str]:
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("COLUMNS", str(columns))
+    assert main(["gate", "--baseline", COMMITTED_BASELINE, PARTIAL_RUN, *extra]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def _case_rows(lines: list[str]) -> list[str]:
+    return [line for line in lines if line.split(" ", 1)[0] in VERDICTS]
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_gate_fits_the_terminal_and_counts_many_missing_cases_on_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], columns: int
+) -> None:
+    lines = _gate_output(monkeypatch, capsys, columns)
+    assert max(len(line) for line in lines) <= columns
+    text = " ".join(" ".join(lines).split())
+    assert "117 cases MISSING (in the baseline, not in the candidate): decode-sweep x 21," in text
+    assert "(-v lists them)" in text
+    assert not [row for row in _case_rows(lines) if row.startswith("MISSING")]
+    assert len(_case_rows(lines)) == 4  # the INCONCLUSIVE case past the threshold, 3 NEW
+    assert "(2 more cases, each within the threshold or not compared" in text
+    assert "attn-harness gate: PASSED: 2 INCONCLUSIVE, 117 MISSING, 3 NEW, 1 UNCOMPARED" in text
+
+
+def test_gate_verbose_lists_every_case_within_the_width(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    junit = tmp_path / "gate.xml"
+    lines = _gate_output(monkeypatch, capsys, 80, "-v", "--junitxml", str(junit))
+    assert max(len(line) for line in lines) <= 80
+    rows = _case_rows(lines)
+    assert len(rows) == 2 + 117 + 3 + 1  # every case, one row each (continuations indented)
+    keys = {row.split()[1] for row in rows}
+    assert "decode-sweep@1/ctx=1024::contiguous-sdpa" in keys  # case names are kept whole
+    assert int(ET.parse(junit).getroot().get("tests", "0")) == len(rows)

@@ -154,7 +154,7 @@ def _table(report: Any, verbose: bool, width: int) -> list[str]:
     hidden = sum(not verbose and not _worth_showing(c, report.threshold) for c in report.cases)
     more = [f"({hidden} more cases, each within the threshold or not compared: -v lists them)"]
     rows = [["verdict", "case", "detail"], *([c.verdict, c.key, c.detail] for c in shown)]
-    table = (fitted(rows, width) or aligned(rows)) if shown else []
+    table = (fitted(rows, width, give_first=[2]) or aligned(rows)) if shown else []  # keys whole
     lines = [*table, *summaries, *(more if hidden else [])]
     return [part for line in lines for part in ([line] if line in table else wrapped(line, width))]
 
@@ -170,7 +170,16 @@ def _conformance_failures(inputs: Any) -> list[str]:
 def _closing(report: Any) -> str:
     counts = ", ".join(
         f"{report.count(v)} {v}"
-        for v in ("FAIL", "IMPROVED", "INCONCLUSIVE", "PASS", "MISSING", "NEW", "UNSUPPORTED")
+        for v in (
+            "FAIL",
+            "IMPROVED",
+            "INCONCLUSIVE",
+            "PASS",
+            "MISSING",
+            "NEW",
+            "UNSUPPORTED",
+            "UNCOMPARED",
+        )
         if report.count(v)
     )
     threshold = f"threshold {report.threshold:.0%}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import shutil
 import textwrap
+from collections.abc import Sequence
 
 DEFAULT_WIDTH = 80
 """Columns when neither ``$COLUMNS`` nor a terminal says: a pipe, a file, a CI log."""
@@ -39,12 +40,14 @@ def aligned(rows: list[list[str]]) -> list[str]:
     return _render(rows, widths)
 
 
-def fitted(rows: list[list[str]], width: int) -> list[str] | None:
+def fitted(rows: list[list[str]], width: int, give_first: Sequence[int] = ()) -> list[str] | None:
     """``aligned``, with cells wrapped so that no line is wider than ``width``.
 
-    The widest column gives way first, a column at a time, down to its
-    longest unbreakable piece; ``None`` when even that does not fit (the
-    caller then lays its data out another way).
+    The columns in ``give_first`` (free text, say, beside names better kept
+    whole) give way first, down to a quarter of the width; then the widest
+    column, a column at a time, down to its longest unbreakable piece.
+    ``None`` when even that does not fit (the caller then lays its data out
+    another way).
     """
     cells = [row for row in rows if len(row) > 1]
     columns = range(len(cells[0]))
@@ -53,6 +56,8 @@ def fitted(rows: list[list[str]], width: int) -> list[str] | None:
     room = width - len(GAP) * (len(widths) - 1)
     if sum(floors) > room:
         return None
+    for i in give_first:
+        widths[i] = max(floors[i], width // 4, widths[i] - (sum(widths) - room))
     while sum(widths) > room:
         shrinkable = [i for i in columns if widths[i] > floors[i]]
         widest = max(shrinkable, key=lambda i: widths[i])
