@@ -102,8 +102,8 @@ LIST_COLUMNS = {
 def _list_lines(described: list[dict[str, object]], width: int) -> list[str]:
     """The table when it fits ``width`` (cells wrapped); else one block per backend.
 
-    Twelve columns need about 95 characters however their cells are wrapped;
-    on a narrower terminal each backend gets its name on a line, then its
+    Twelve columns need 92 characters for the built-ins however their cells
+    are wrapped; on a narrower terminal each backend gets its name on a line, then its
     ``heading value`` pairs packed into indented lines. Nothing is cut: the
     same values either way, as ``--json`` has them.
     """
