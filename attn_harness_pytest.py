@@ -376,9 +376,15 @@ def _replaying(test: Any, replay: tuple[str, bytes] | None) -> Any:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    conformance = backend_entry_of(item) is not None
+    entry = backend_entry_of(item)
     name = getattr(item, "originalname", item.name)
-    session(item.config).current_test = name if conformance else None
+    run = session(item.config)
+    run.current_test = name if entry is not None else None
+    run.current_case = ""
+    if entry is not None:
+        from harness.conformance.report import shown_name
+
+        run.current_case = shown_name(item.name, entry.name).partition("[")[2].rstrip("]")
 
 
 def pytest_deselected(items: list[pytest.Item]) -> None:

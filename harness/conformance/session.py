@@ -77,6 +77,7 @@ class ConformanceSession:
     verdicts: Any = None  # report.Verdicts
     reporter: Any = None  # the compact reporter, when the run uses it
     current_test: str | None = None  # the conformance test running now (coverage counts it)
+    current_case: str = ""  # its parametrization, without the backend (the triage's ``case``)
     modules: dict[str, set[str]] = field(default_factory=dict)  # backend -> modules run
     deselected: bool = False
     replay: tuple[str, str | None, bytes | None] | None = None
@@ -190,14 +191,17 @@ class ConformanceSession:
             return  # outside a conformance test (the harness's unit tests call the checks)
         self.coverage_log().record(backend, self.current_test, scenarios, example=example)
         if example:
-            self.triage_log().held(backend, self.current_test, scenarios)
+            self.triage_log().held(backend, self.current_test, scenarios, self._case())
         if example and self.reporter is not None:
             self.reporter.example_held()
 
     def record_failed_example(self, backend: str, scenarios: list[Any]) -> None:
         """One example of the running test that failed: evidence for the triage."""
         if self.current_test is not None:
-            self.triage_log().failed(backend, self.current_test, scenarios)
+            self.triage_log().failed(backend, self.current_test, scenarios, self._case())
+
+    def _case(self) -> dict[str, str] | None:
+        return {"case": self.current_case} if self.current_case else None
 
     def triage_log(self) -> Any:
         """The run's ``harness.conformance.triage.TriageLog``."""

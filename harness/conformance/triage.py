@@ -63,6 +63,7 @@ DIMENSION_WORDS = {
     "sequence_pages": "pages per sequence",
     "page_order": "page order",
     "last_page": "last page",
+    "case": "test case",
 }
 """How each dimension reads in a sentence."""
 
@@ -75,9 +76,11 @@ TRIAGE_DIMENSIONS = (
     "sequence_pages",
     "page_order",
     "last_page",
+    "case",
 )
 """The coverage dimensions, and a few more that only the triage needs: bugs that live in
-the batch size, the layer index, the scale, page ids past int16, or where pages lie."""
+the batch size, the layer index, the scale, page ids past int16, where pages lie, or in
+one parametrization of a test (a production regime: ``case`` is its id)."""
 
 
 def _sequences(rows: int) -> str:
@@ -341,7 +344,9 @@ def explain(failed: Counter[ExampleKey], held: Counter[ExampleKey]) -> Cause | N
     labels. When held examples remain inside it, a second dimension is
     sought among them ("mask causal and batch kind decode": a mask bug a
     non-causal decode escapes); it is kept only if it is more precise and
-    leaves at most half as many held examples inside. None
+    leaves at most half as many held examples inside. Without a single
+    dimension, a pair is sought whose first condition is itself unlikely by
+    chance. None
     is returned when nothing puts ``MIN_HELD_OUTSIDE`` held examples outside
     at ``MIN_PRECISION`` or better.
     """
@@ -350,14 +355,14 @@ def explain(failed: Counter[ExampleKey], held: Counter[ExampleKey]) -> Cause | N
     best = _single(failed, held)
     if best is not None and best.held_inside == 0:
         return best
-    for dimension in TRIAGE_DIMENSIONS:
-        first = _along(failed, held, dimension)
-        if first is None or first.held_outside < MIN_HELD_OUTSIDE:
+    firsts = [best] if best is not None else [_along(failed, held, d) for d in TRIAGE_DIMENSIONS]
+    for first in firsts:
+        if first is None or not _separates_alone(first):
             continue
         chosen = set(first.failing)
-        inside_failed = _inside(failed, dimension, chosen)
-        inside_held = _inside(held, dimension, chosen)
-        second = _single(inside_failed, inside_held, skip=dimension)
+        inside_failed = _inside(failed, first.dimension, chosen)
+        inside_held = _inside(held, first.dimension, chosen)
+        second = _single(inside_failed, inside_held, skip=first.dimension)
         if second is None:
             continue
         pair = Cause(
@@ -373,6 +378,14 @@ def explain(failed: Counter[ExampleKey], held: Counter[ExampleKey]) -> Cause | N
         if _better_pair(pair, best):
             best = pair
     return best
+
+
+def _separates_alone(cause: Cause) -> bool:
+    """A first condition of a pair: held examples outside it, and not there by chance."""
+    return (
+        cause.held_outside >= MIN_HELD_OUTSIDE
+        and chance_of(cause) * len(TRIAGE_DIMENSIONS) <= SIGNIFICANCE
+    )
 
 
 def _rank(cause: Cause) -> tuple[float, int, int]:

@@ -100,9 +100,30 @@ EXPECTED: dict[str, frozenset[str]] = {
 }
 
 
+CASE_DIMENSIONS: dict[str, frozenset[str]] = {
+    "split-kv": frozenset({"context"}),
+    "long-context": frozenset({"context"}),
+    "query-tiles": frozenset({"query"}),
+    "many-sequences": frozenset({"sequences"}),
+    "head-geometry": frozenset({"heads", "head_dim"}),
+    "page-sizes": frozenset({"page_size"}),
+    "dp-groups": frozenset({"dp_size", "rank", "pool_pages"}),
+    "spec-decode": frozenset({"batch", "query"}),
+    "token-budget": frozenset({"tokens"}),
+    "float32": frozenset({"dtype"}),
+    "float16": frozenset({"dtype"}),
+    "bfloat16": frozenset({"dtype"}),
+}
+"""What a test case names, when the triage blames one (a production regime, a dtype)."""
+
+
 def named(group: Mapping[str, Any]) -> set[str]:
-    """What one triage group (``harness.conformance.triage.group_json``) names."""
-    return set(group["dimensions"]) or {PROPERTY}
+    """The dimensions one triage group (``harness.conformance.triage.group_json``) names;
+    a blamed test case stands for the dimensions its regime varies."""
+    found = set(group["dimensions"]) - {"case"}
+    for case in group["failing_labels"].get("case", ()):
+        found |= CASE_DIMENSIONS.get(case, frozenset())
+    return found or {PROPERTY}
 
 
 def triage_names_its_dimension(mutant: str, groups: Iterable[Mapping[str, Any]]) -> bool:
