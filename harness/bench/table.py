@@ -211,7 +211,7 @@ def _ceilings_lines(record: RunRecord) -> list[str]:
         widest = max(spreads.items(), key=lambda kv: kv[1]["spread"], default=None)
         how += f", best of {len(probes)} probes"
         if widest is not None:
-            name = "copy" if widest[0] == "copy" else widest[0].removeprefix("matmul_")
+            name = "copy" if widest[0] == "copy" else f"{widest[0].removeprefix('matmul_')} matmul"
             how += f", widest spread {widest[1]['spread']:.0%} ({name})"
     return _wrap(f"ceilings ({how}): copy {shown}; {flops}")
 
