@@ -19,14 +19,14 @@ from harness.cli.run_jobs import (
     WIDTH,
     Done,
     _child_env,
-    cases_done,
+    bench_progress,
     closing_verdict,
+    conform_progress,
     file_stem,
     heartbeat,
     printer,
     probe_seconds,
     schedule,
-    tests_done,
 )
 from harness.core.registry import BackendEntry
 from harness.core.threads import timing_threads
@@ -173,14 +173,14 @@ def test_the_heartbeat_reads_each_conformance_logs_last_count(tmp_path: Path) ->
     )
     flex = _log(tmp_path / "flex.log", "[  300 s] flex: 30/49 tests done (now test_c[flex])")
     quiet = _log(tmp_path / "sdpa.log", "attn-harness conform: sdpa · 22 properties, 49 tests")
-    assert tests_done(triton) == Done(12, 49, "4 min")
-    assert tests_done(flex) == Done(30, 49, None)
-    assert tests_done(quiet) is None
-    assert tests_done(tmp_path / "missing.log") is None
+    assert conform_progress(triton) == Done(12, 49, "4 min")
+    assert conform_progress(flex) == Done(30, 49, None)
+    assert conform_progress(quiet) is None
+    assert conform_progress(tmp_path / "missing.log") is None
     running = [
-        ("triton", tests_done(triton), 310.0),
-        ("flex", tests_done(flex), 300.0),  # its own rate: 19 more at 10 s each
-        ("sdpa", tests_done(quiet), 12.0),
+        ("triton", conform_progress(triton), 310.0),
+        ("flex", conform_progress(flex), 300.0),  # its own rate: 19 more at 10 s each
+        ("sdpa", conform_progress(quiet), 12.0),
     ]
     assert heartbeat("conformance", running, waiting=2) == (
         "conformance: triton 12/49 (~4 min left), flex 30/49 (~3 min), sdpa 12 s; 2 waiting"
@@ -209,12 +209,12 @@ def test_the_bench_heartbeat_reads_its_progress_bar_or_plain_lines(tmp_path: Pat
         "bench:   0%|          | 0/120 [00:00<?, ?case/s]"
         "\rbench:  10%|#         | 12/120 [00:20<03:00, 1.67s/case, extend@1/ctx=1024 sdpa]"
     )
-    assert cases_done(bar) == Done(12, 120)
+    assert bench_progress(bar) == Done(12, 120)
     plain = _log(tmp_path / "plain.log", "[11/120] decode-sweep@1/ctx=512 sdpa", "[12/120] x")
-    assert cases_done(plain) == Done(12, 120)
+    assert bench_progress(plain) == Done(12, 120)
     table = _log(tmp_path / "table.log", "  ctx=1024 chunk=128 x2  (2 seqs, 256 new tokens)")
-    assert cases_done(table) is None
-    assert heartbeat("bench", [("cases", cases_done(bar), 20.0)]) == (
+    assert bench_progress(table) is None
+    assert heartbeat("bench", [("cases", bench_progress(bar), 20.0)]) == (
         "bench: cases 12/120 (~3 min left)"
     )
 

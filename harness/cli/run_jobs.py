@@ -163,7 +163,7 @@ def _tail(path: Path) -> str:
         return ""
 
 
-def tests_done(log: Path) -> Done | None:
+def conform_progress(log: Path) -> Done | None:
     """The last ``N/M tests done[, about T left]`` line of a conformance log."""
     found = TESTS_DONE.findall(_tail(log))
     if not found:
@@ -172,7 +172,7 @@ def tests_done(log: Path) -> Done | None:
     return Done(int(done), int(total), left or None)
 
 
-def cases_done(log: Path) -> Done | None:
+def bench_progress(log: Path) -> Done | None:
     """The bench's last ``done/total`` count (its progress bar, or its plain lines)."""
     found = [m for part in re.split(r"[\r\n]", _tail(log)) for m in CASES_DONE.findall(part)]
     if not found:
@@ -271,7 +271,7 @@ def run_conformance_jobs(
                 now = time.monotonic()
                 line = heartbeat(
                     "conformance",
-                    [(j.backend, tests_done(j.log), now - j.started) for j in running],
+                    [(j.backend, conform_progress(j.log), now - j.started) for j in running],
                     len(waiting),
                 )
                 (live or say)(line)
@@ -323,7 +323,7 @@ def run_bench(
                 if process.poll() is None and time.monotonic() - last_beat >= every:
                     last_beat = time.monotonic()
                     elapsed = last_beat - started
-                    done = cases_done(log)
+                    done = bench_progress(log)
                     line = (
                         heartbeat("bench", [("cases", done, elapsed)])
                         if done is not None
