@@ -298,16 +298,17 @@ class ConformanceSession:
         }
 
     def coverage_json(self) -> dict[str, Any] | None:
-        """The tally as the ``.coverage.json`` file holds it; ``None`` when nothing ran."""
-        if self.coverage is None:
-            return None
+        """The tally as the ``.coverage.json`` file holds it, with each backend's failure
+        groups (``triage``); ``None`` when nothing ran."""
         from harness.conformance.triage import group_json
 
-        backends = self.coverage.as_json(self.wanted())
-        for group in self.failure_groups():
-            backend = backends.get(group.failures[0].backend)
-            if backend is not None:
-                backend.setdefault("triage", []).append(group_json(group))
+        groups = self.failure_groups()
+        if self.coverage is None and not groups:
+            return None
+        backends = self.coverage.as_json(self.wanted()) if self.coverage is not None else {}
+        for group in groups:
+            backend = backends.setdefault(group.failures[0].backend, {})
+            backend.setdefault("triage", []).append(group_json(group))
         return {
             "profile": self.options.profile,
             "examples_per_test": int(self.profile().settings.max_examples),
@@ -321,6 +322,8 @@ class ConformanceSession:
             return []
         properties = []
         for name, backend in data["backends"].items():
+            if "examples" not in backend:
+                continue  # failures, and no example counted (a rejection test's)
             properties.append((f"coverage[{name}].examples", str(backend["examples"])))
             for dimension, counts in backend["dimensions"].items():
                 cells = "; ".join(f"{label}={n}" for label, n in counts.items())

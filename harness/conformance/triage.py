@@ -64,6 +64,9 @@ DIMENSION_WORDS = {
     "page_order": "page order",
     "last_page": "last page",
     "case": "test case",
+    "magnitude": "q/k magnitude",
+    "planted": "planted large logits",
+    "context_log2": "longest context",
 }
 """How each dimension reads in a sentence."""
 
@@ -72,21 +75,34 @@ TRIAGE_DIMENSIONS = (
     "sequences",
     "layers",
     "scale",
-    "pool_pages",
+    "context_log2",
+    "last_page",
     "sequence_pages",
     "page_order",
-    "last_page",
+    "magnitude",
+    "planted",
     "case",
+    "pool_pages",
 )
 """The coverage dimensions, and a few more that only the triage needs: bugs that live in
-the batch size, the layer index, the scale, page ids past int16, where pages lie, or in
-one parametrization of a test (a production regime: ``case`` is its id)."""
+the batch size, the layer index, the scale, page ids past int16, where pages lie, the
+logits' size, a context past a power of two, or in one parametrization of a test (a
+production regime: ``case`` is its id)."""
 
 
 def _sequences(rows: int) -> str:
     if rows <= 1:
         return "1"
     return "2-8" if rows <= 8 else ("9-64" if rows <= 64 else "65+")
+
+
+def _power_of_two_range(n: int) -> str:
+    """``2^15 to 2^16-1`` for 40000: finer than the coverage buckets, so a bug that starts at
+    a power of two (an int16 length at 32768) is not mixed with the lengths below it."""
+    if n < 1:
+        return "0"
+    k = n.bit_length() - 1
+    return f"2^{k} to 2^{k + 1}-1"
 
 
 def _default_scale(s: Any) -> bool:
@@ -104,6 +120,9 @@ def triage_labels(s: Any) -> dict[str, str]:
         "pool_pages": "2^15+" if s.total_pages >= 2**15 else "< 2^15",
         "sequence_pages": "2+" if max(pages, default=0) >= 2 else "1",
         "page_order": "shuffled" if s.shuffle_pages else "in order",
+        "magnitude": f"{s.magnitude:g}",
+        "planted": "planted" if s.planted_keys else "none",
+        "context_log2": _power_of_two_range(max(s.context_lens, default=0)),
         "last_page": (
             "ends mid-page" if any(length % s.page_size for length in s.context_lens) else "full"
         ),
@@ -337,6 +356,10 @@ def _better_pair(pair: Cause, best: Cause | None) -> bool:
 def explain(failed: Counter[ExampleKey], held: Counter[ExampleKey]) -> Cause | None:
     """The dimension (or two) that best separates ``failed`` from ``held`` examples.
 
+    Examples are counted once per distinct set of labels: hypothesis tries many
+    variants of one failing example while it shrinks, and twenty copies of one
+    example are one piece of evidence, not twenty.
+
     For each dimension, the failing labels are those the failing examples
     have (``_cover``); a held example is inside when it has one too. The
     best dimension has the highest precision (failures among the examples
@@ -352,6 +375,7 @@ def explain(failed: Counter[ExampleKey], held: Counter[ExampleKey]) -> Cause | N
     """
     if not failed:
         return None
+    failed, held = Counter(dict.fromkeys(failed, 1)), Counter(dict.fromkeys(held, 1))
     best = _single(failed, held)
     if best is not None and best.held_inside == 0:
         return best
@@ -388,8 +412,17 @@ def _separates_alone(cause: Cause) -> bool:
     )
 
 
-def _rank(cause: Cause) -> tuple[float, int, int]:
-    return (cause.precision, cause.held_apart, -len(cause.failing))
+def _rank(cause: Cause) -> tuple[float, int, bool, int, int]:
+    """Precision, then held examples set apart; on a tie a coverage dimension (the words a
+    run's coverage table uses) before the triage's own, fewer labels, then the order of
+    ``TRIAGE_DIMENSIONS``."""
+    return (
+        cause.precision,
+        cause.held_apart,
+        cause.dimension in DIMENSIONS,
+        -len(cause.failing),
+        -TRIAGE_DIMENSIONS.index(cause.dimension),
+    )
 
 
 @dataclass

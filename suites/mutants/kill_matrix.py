@@ -102,6 +102,7 @@ def run_suite(
     profile: str,
     workers: int | None = None,
     tests: dict[str, list[str] | str] | None = None,
+    extra: tuple[str, ...] = (),
 ) -> dict[str, Verdict]:
     """Per backend, each test's outcome: ``specs`` split over ``workers`` pytest processes.
 
@@ -113,6 +114,7 @@ def run_suite(
     (derandomized profiles), not on which backends share a process, so the
     split changes the wall time, not the verdicts. ``workers`` defaults to
     the usable cores (the suite runs torch on one thread per process).
+    ``extra`` goes to pytest (``--shrink-time-limit 5``, ``--examples 20``).
     """
     count = max(1, min(workers or len(os.sched_getaffinity(0)), len(specs)))
     chunks = [specs[i::count] for i in range(count)]
@@ -134,7 +136,7 @@ def run_suite(
                     "-q",
                     *LOAD_EVERY_MUTANT,
                     *narrowing,
-                    *pytest_arguments(chunk, profile, str(r)),
+                    *pytest_arguments(chunk, profile, str(r), extra),
                 ],
                 cwd=root,
                 env=env,
