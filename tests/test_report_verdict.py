@@ -324,3 +324,13 @@ def test_summary_of_conformance_only_still_leads_with_the_verdict():
     assert summary.index("### Verdict") < summary.index("### Conformance")
     assert "**PASSED: 1 of 1 backend conforms; no measurement flag**" in summary
     assert "### Performance" not in summary
+
+
+def test_the_runs_own_flags_reach_the_verdict():
+    """A bench run's top-level ``flags`` (a ceiling whose probes disagree) are run flags."""
+    inputs = load_inputs([BENCH])
+    inputs.bench[0].record.flags = ["ceiling spread: copy bandwidth 4.47 GB/s to 7.01 GB/s"]
+    verdict = verdict_of(inputs, analyse(inputs.bench))
+    assert [f.text for f in verdict.flags] == [
+        "ceiling spread: copy bandwidth 4.47 GB/s to 7.01 GB/s"
+    ]

@@ -163,7 +163,7 @@ def _case_lines(backend: str, results: list[Any], verbose: bool) -> list[str]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from harness.conformance.check_matrix import quick_coverage, run_quick_check
+    from harness.conformance.check_matrix import quick_coverage, run_quick_check, triage_lines
     from harness.core.registry import split_by_device
     from harness.core.threads import fixed_threads, small_step_threads
     from harness.core.triton_mode import interpret_triton_here
@@ -193,6 +193,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         bad = [r for r in results if r.status in ("FAILED", "ERROR")]
         for line in _case_lines(entry.name, results if args.verbose else bad, args.verbose):
             print(line)  # one line per case, whole: what a log search finds
+        for line in triage_lines(results):  # what the failed cases share
+            print("\n".join(wrapped(f"CAUSE  {line}", width, indent=" " * 7)))
         nothing = counts["PASSED"] == 0
         any_bad = any_bad or bool(bad) or nothing
         shown = bad[0].case if bad else ("nothing could be checked" if nothing else "-")

@@ -13,7 +13,6 @@ import ast
 import os
 import re
 import shlex
-import shutil
 import sys
 import textwrap
 import time
@@ -25,6 +24,7 @@ import pytest
 
 from harness.conformance.plugin_names import backend_entry_of
 from harness.conformance.progress import progress_display
+from harness.core import text_table
 
 _BLOB = re.compile(r"@reproduce_failure\('([^']+)', b'([^']*)'\)")
 
@@ -170,7 +170,7 @@ def terminal_width() -> int:
     phrases), unless ``COLUMNS`` asks for a width.
     """
     if os.environ.get("COLUMNS", "").isdigit() or sys.stdout.isatty():
-        return max(40, shutil.get_terminal_size().columns)
+        return max(40, text_table.terminal_width())
     return UNWRAPPED
 
 
@@ -375,7 +375,11 @@ class CompactReporter:
             self.header()
             every = float(self.config.getoption("progress_every", 30.0))
             self.live = progress_display(", ".join(self.backends), quiet=_quiet(), every_s=every)
-        self.live.start_test(self.done, self.total, nodeid.rpartition("::")[2])
+        label = nodeid.rpartition("::")[2]
+        for backend in self.backends:
+            if f"[{backend}" in label:
+                label = shown_name(label, backend)  # the backend is named once, up front
+        self.live.start_test(self.done, self.total, label)
 
     def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
         self.done += 1

@@ -253,6 +253,8 @@ def _run_flags(label: str, record: RunRecord) -> list[Flag]:
     flags = []
     if record.partial:
         flags.append(Flag(label, "partial run: it stopped before its last case"))
+    for text in getattr(record, "flags", []) or []:  # the run's own (ceiling spread, ...)
+        flags.append(Flag(label, str(text)))
     for section in ("timing", "environment"):
         data = getattr(record, section)
         for key, value in (data if isinstance(data, dict) else {}).items():
