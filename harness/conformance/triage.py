@@ -200,6 +200,7 @@ class Cause:
     held_outside: int  # held examples with none of them
     unexplained: int = 0  # failing examples without any of the failing labels (left over)
     within: Cause | None = None  # a first condition this one holds under (mask causal, ...)
+    labels_seen: int = 1  # distinct labels along the dimension, failing or held
 
     @property
     def precision(self) -> float:
@@ -286,6 +287,7 @@ def _along(failed: Counter[ExampleKey], held: Counter[ExampleKey], dimension: st
             outside += n
             for label in found:
                 other_counts[label] += n
+    seen = {label for key in (*failed, *held) for label in _labels_of(key, dimension)}
     return Cause(
         dimension,
         _order(failing, failing_counts),
@@ -294,6 +296,7 @@ def _along(failed: Counter[ExampleKey], held: Counter[ExampleKey], dimension: st
         inside,
         outside,
         unexplained=left,
+        labels_seen=len(seen),
     )
 
 
@@ -317,12 +320,21 @@ def chance_of(cause: Cause) -> float:
     return tail / ways
 
 
+def _unlikely(cause: Cause) -> bool:
+    """Below ``SIGNIFICANCE`` after two corrections: one for the dimensions tried, one for
+    the label sets of that size the cover could have picked along this dimension (a
+    dimension of many labels, such as a context's power of two, splits a few examples
+    cleanly somewhere by luck)."""
+    choices = math.comb(max(cause.labels_seen, len(cause.failing)), len(cause.failing))
+    return chance_of(cause) * len(TRIAGE_DIMENSIONS) * choices <= SIGNIFICANCE
+
+
 def _separates(cause: Cause | None) -> bool:
     return (
         cause is not None
         and cause.held_outside >= MIN_HELD_OUTSIDE
         and cause.precision >= MIN_PRECISION
-        and chance_of(cause) * len(TRIAGE_DIMENSIONS) <= SIGNIFICANCE
+        and _unlikely(cause)
     )
 
 
@@ -398,6 +410,7 @@ def explain(failed: Counter[ExampleKey], held: Counter[ExampleKey]) -> Cause | N
             second.held_outside,
             unexplained=second.unexplained + first.unexplained,
             within=first,
+            labels_seen=second.labels_seen,
         )
         if _better_pair(pair, best):
             best = pair
@@ -406,10 +419,7 @@ def explain(failed: Counter[ExampleKey], held: Counter[ExampleKey]) -> Cause | N
 
 def _separates_alone(cause: Cause) -> bool:
     """A first condition of a pair: held examples outside it, and not there by chance."""
-    return (
-        cause.held_outside >= MIN_HELD_OUTSIDE
-        and chance_of(cause) * len(TRIAGE_DIMENSIONS) <= SIGNIFICANCE
-    )
+    return cause.held_outside >= MIN_HELD_OUTSIDE and _unlikely(cause)
 
 
 def _rank(cause: Cause) -> tuple[float, int, bool, int, int]:
