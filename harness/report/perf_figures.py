@@ -156,23 +156,28 @@ def _ratio_panel(ax: Axes, key: str, cases: list[str], all_series: list[Series])
     return drawn
 
 
+def _panel_grid(count: int, panel_height: float) -> tuple[Figure, list[Axes]]:
+    """A figure of ``count`` panels, ``COLUMNS`` across at most, each ``panel_height`` tall."""
+    rows = -(-count // COLUMNS)
+    cols = min(COLUMNS, count)
+    figure = _figure(PANEL_WIDTH * cols + 0.6, panel_height * rows + 1.0)
+    return figure, _panels(figure, count)
+
+
 def ratio_plot(runs: Sequence[AnalysedRun]) -> Figure | str:
     """The ratio figure, one panel per workload; a reason instead when nothing has a ratio."""
     keys = _workloads(runs, _has_ratio)
     if not keys:
         return "no passing backend case with a passing peer to compare"
     all_series = _series(runs, _has_ratio)
-    rows = -(-len(keys) // COLUMNS)
-    cols = min(COLUMNS, len(keys))
-    figure = _figure(PANEL_WIDTH * cols + 0.6, RATIO_PANEL_HEIGHT * rows + 1.0)
-    axes = _panels(figure, len(keys))
+    figure, axes = _panel_grid(len(keys), RATIO_PANEL_HEIGHT)
     drawn: list[float] = []
     for ax, key in zip(axes, keys, strict=True):
         drawn += _ratio_panel(ax, key, _cases_of(runs, key, _has_ratio), all_series)
     for ax in axes:
         _ratio_axis(ax, drawn)
     for i, ax in enumerate(axes):
-        if i % cols == 0:
+        if i % COLUMNS == 0:  # the first panel of each row
             ax.set_ylabel("time / peer's time (log)")
     _legend(figure, axes)
     return figure
@@ -343,10 +348,7 @@ def roofline_plot(runs: Sequence[AnalysedRun]) -> tuple[Figure, int] | str:
     if not keys:
         return "no passing case with FLOP and byte counts"
     all_series = _series(runs, _has_point)
-    rows = -(-len(keys) // COLUMNS)
-    cols = min(COLUMNS, len(keys))
-    figure = _figure(PANEL_WIDTH * cols + 0.6, ROOFLINE_PANEL_HEIGHT * rows + 1.0)
-    axes = _panels(figure, len(keys))
+    figure, axes = _panel_grid(len(keys), ROOFLINE_PANEL_HEIGHT)
     rates: list[float] = []
     drawn = 0
     for ax, key in zip(axes, keys, strict=True):
@@ -355,7 +357,7 @@ def roofline_plot(runs: Sequence[AnalysedRun]) -> tuple[Figure, int] | str:
     roofs = [peak for run in runs for c in ceilings(run.record) for peak in c.matmul_flops.values()]
     axes[0].set_ylim(min(rates) / 2.5, max(rates + roofs) * 2.5)
     for i, ax in enumerate(axes):
-        if i % cols == 0:
+        if i % COLUMNS == 0:  # the first panel of each row
             ax.set_ylabel("achieved FLOP/s")
     _roofline_legend(figure, axes[0], all_series)
     return figure, drawn
