@@ -17,6 +17,7 @@ import pytest
 
 from suites.mutants.backends import MUTANTS
 from suites.mutants.catchers import CAUGHT_BY
+from suites.mutants.dimensions import EXPECTED, triage_rate
 from suites.mutants.kill_matrix import BUILTINS, SUBSUMED, Verdict, mutant_specs, run_suite
 
 pytestmark = pytest.mark.xdist_group("kill-matrix")  # one worker computes the shared fixture
@@ -49,6 +50,37 @@ def _selection() -> dict[str, list[str] | str]:
 def verdicts() -> dict[str, Verdict]:
     selection = _selection()
     return run_suite(list(selection), profile="kill", tests=selection)
+
+
+TRIAGE_TESTS = ("test_outputs_match_oracle",)
+"""Beside its own test, each bug runs the suite's plainest oracle property: the triage
+needs held examples next to the failing ones, and the cheapest catcher often has few."""
+TRIAGE_ARGS = ("--examples", "20", "--shrink-time-limit", "5")
+"""The ci profile as a user runs it (shrinking on: hypothesis's near misses are the
+evidence), with the kill profile's 20 examples and shrinking cut at 5 s."""
+TRIAGE_RATE = 0.80
+
+
+@pytest.fixture(scope="module")
+def triage() -> dict[str, tuple[dict, ...]]:
+    """Each planted bug's failure groups from a ci-profile run of its tests."""
+    specs = mutant_specs()
+    tests = {spec: sorted({CAUGHT_BY[spec], *TRIAGE_TESTS}) for spec in specs}
+    verdicts = run_suite(specs, profile="ci", tests=tests, extra=TRIAGE_ARGS)
+    return {spec: verdicts[spec].triage for spec in specs}
+
+
+def test_the_triage_names_where_most_planted_bugs_live(triage):
+    """The largest failure group of at least 80% of the planted bugs names a dimension
+    ``suites/mutants/dimensions.py`` gives for that bug (or no dimension, for a bug none
+    separates)."""
+    right, judged, wrong = triage_rate(triage)
+    assert judged == len(EXPECTED) == len(mutant_specs())
+    assert right / judged >= TRIAGE_RATE, f"{right}/{judged} named right; wrong: {wrong}"
+
+
+def test_every_planted_bug_has_a_place_in_the_dimension_table():
+    assert set(EXPECTED) == {spec.rsplit(":", 1)[1] for spec in mutant_specs()}
 
 
 def _suite_tests() -> set[str]:

@@ -75,12 +75,13 @@ def test_a_bug_in_multi_token_queries_is_named_by_its_query_dimension():
     cause = explain(log.tests("b")["test_x"].failed, log.tests("b")["test_x"].held)
     assert cause is not None
     assert cause.dimension in {"query", "batch"}
-    assert cause.held_outside == 30
+    distinct = len({example_key([s]) for s in decodes})  # examples alike in every label: one
+    assert cause.held_outside == distinct
     assert cause.held_inside == 0
-    assert cause.failed == 20
+    assert cause.failed == len({example_key([s]) for s in multi})
     line = cause_line(group_failures("b", [_failure("test_x")], log)[0])
     assert "every example with" in line
-    assert "(30)" in line
+    assert f"({distinct})" in line
 
 
 def test_failures_spread_at_random_name_no_dimension():
@@ -272,3 +273,36 @@ def test_the_estimate_is_the_rate_so_far():
     assert progress_line(5, "x", 0, 48) == "[    5 s] x: 0/48 tests done"
     assert eta_text(42) == "about 40 s left"
     assert Counter(eta_text(s) for s in (1, 2, 3)) == Counter({"about 5 s left": 3})
+
+
+def test_copies_of_one_failing_example_are_one_piece_of_evidence():
+    """Shrinking tries one failing example over and over; twenty copies prove nothing more."""
+    rng = random.Random(7)
+    one = _random_step(rng, head_dim=64)
+    log = _log([_random_step(rng, head_dim=8) for _ in range(6)], [one] * 20)
+    evidence = log.tests("b")["test_x"]
+    assert sum(evidence.failed.values()) == 20
+    assert explain(evidence.failed, evidence.held) is None
+
+
+def test_one_variant_is_named_whatever_it_is_combined_with():
+    """A soft-cap bug fails soft-cap alone and soft-cap with a window or sinks alike."""
+    rng = random.Random(8)
+    capped = [
+        AttentionVariant(logits_soft_cap=30.0),
+        AttentionVariant(logits_soft_cap=30.0, sliding_window=4),
+        AttentionVariant(logits_soft_cap=50.0, sinks=(0.5,) * 4),
+    ]
+    others = [
+        AttentionVariant(),
+        AttentionVariant(sliding_window=4),
+        AttentionVariant(sinks=(0.5,) * 4),
+    ]
+    log = _log(
+        [_random_step(rng, variant=rng.choice(others)) for _ in range(25)],
+        [_random_step(rng, variant=rng.choice(capped)) for _ in range(25)],
+    )
+    evidence = log.tests("b")["test_x"]
+    cause = explain(evidence.failed, evidence.held)
+    assert cause is not None
+    assert (cause.dimension, cause.failing) == ("soft_cap", ("on",))

@@ -66,7 +66,10 @@ DIMENSION_WORDS = {
     "case": "test case",
     "magnitude": "q/k magnitude",
     "planted": "planted large logits",
-    "context_log2": "longest context",
+    "window": "sliding window",
+    "soft_cap": "soft-cap",
+    "sinks": "sinks",
+    "alibi": "ALiBi",
 }
 """How each dimension reads in a sentence."""
 
@@ -75,7 +78,10 @@ TRIAGE_DIMENSIONS = (
     "sequences",
     "layers",
     "scale",
-    "context_log2",
+    "window",
+    "soft_cap",
+    "sinks",
+    "alibi",
     "last_page",
     "sequence_pages",
     "page_order",
@@ -85,24 +91,15 @@ TRIAGE_DIMENSIONS = (
     "pool_pages",
 )
 """The coverage dimensions, and a few more that only the triage needs: bugs that live in
-the batch size, the layer index, the scale, page ids past int16, where pages lie, the
-logits' size, a context past a power of two, or in one parametrization of a test (a
-production regime: ``case`` is its id)."""
+the batch size, the layer index, the scale, one attention variant whatever it is combined
+with (``variant`` names the combination), page ids past int16, where pages lie, the
+logits' size, or in one parametrization of a test (a production regime: ``case``)."""
 
 
 def _sequences(rows: int) -> str:
     if rows <= 1:
         return "1"
     return "2-8" if rows <= 8 else ("9-64" if rows <= 64 else "65+")
-
-
-def _power_of_two_range(n: int) -> str:
-    """``2^15 to 2^16-1`` for 40000: finer than the coverage buckets, so a bug that starts at
-    a power of two (an int16 length at 32768) is not mixed with the lengths below it."""
-    if n < 1:
-        return "0"
-    k = n.bit_length() - 1
-    return f"2^{k} to 2^{k + 1}-1"
 
 
 def _default_scale(s: Any) -> bool:
@@ -112,6 +109,7 @@ def _default_scale(s: Any) -> bool:
 def triage_labels(s: Any) -> dict[str, str]:
     """One rank's step along every triage dimension (``labels`` and the triage's own)."""
     pages = [pages_needed(length, s.page_size) for length in s.context_lens]
+    v = s.variant
     return {
         **labels(s),
         "sequences": _sequences(len(s.context_lens)),
@@ -122,7 +120,14 @@ def triage_labels(s: Any) -> dict[str, str]:
         "page_order": "shuffled" if s.shuffle_pages else "in order",
         "magnitude": f"{s.magnitude:g}",
         "planted": "planted" if s.planted_keys else "none",
-        "context_log2": _power_of_two_range(max(s.context_lens, default=0)),
+        **{
+            name: "on" if flag is not None else "off"
+            for name, flag in zip(
+                ("window", "soft_cap", "sinks", "alibi"),
+                (v.sliding_window, v.logits_soft_cap, v.sinks, v.alibi_slopes),
+                strict=True,
+            )
+        },
         "last_page": (
             "ends mid-page" if any(length % s.page_size for length in s.context_lens) else "full"
         ),
@@ -422,15 +427,15 @@ def _separates_alone(cause: Cause) -> bool:
     return cause.held_outside >= MIN_HELD_OUTSIDE and _unlikely(cause)
 
 
-def _rank(cause: Cause) -> tuple[float, int, bool, int, int]:
-    """Precision, then held examples set apart; on a tie a coverage dimension (the words a
-    run's coverage table uses) before the triage's own, fewer labels, then the order of
-    ``TRIAGE_DIMENSIONS``."""
+def _rank(cause: Cause) -> tuple[float, int, int, bool, int]:
+    """Precision, then held examples set apart; on a tie fewer labels (``soft-cap on``
+    before three variant combinations), a coverage dimension (the words a run's coverage
+    table uses) before the triage's own, then the order of ``TRIAGE_DIMENSIONS``."""
     return (
         cause.precision,
         cause.held_apart,
-        cause.dimension in DIMENSIONS,
         -len(cause.failing),
+        cause.dimension in DIMENSIONS,
         -TRIAGE_DIMENSIONS.index(cause.dimension),
     )
 
