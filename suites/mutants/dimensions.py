@@ -117,19 +117,41 @@ CASE_DIMENSIONS: dict[str, frozenset[str]] = {
 """What a test case names, when the triage blames one (a production regime, a dtype)."""
 
 
+TEST_DIMENSIONS: dict[str, frozenset[str]] = {
+    "test_pool_past_32bit_offsets": frozenset({"pool", "pool_pages"}),
+}
+"""Tests that are about one dimension: a group that blames one of them alone names it."""
+
+
 def named(group: Mapping[str, Any]) -> set[str]:
     """The dimensions one triage group (``harness.conformance.triage.group_json``) names;
-    a blamed test case stands for the dimensions its regime varies."""
+    a blamed test case stands for the dimensions its regime varies, and a test that is
+    about one dimension (the large pool's) for that dimension."""
     found = set(group["dimensions"]) - {"case"}
     for case in group["failing_labels"].get("case", ()):
         found |= CASE_DIMENSIONS.get(case, frozenset())
+    if not found:
+        found |= TEST_DIMENSIONS.get(group.get("property") or "", frozenset())
     return found or {PROPERTY}
 
 
 def triage_names_its_dimension(mutant: str, groups: Iterable[Mapping[str, Any]]) -> bool:
-    """Whether the largest group of a bug's triage names a dimension its bug lives in."""
-    ordered = sorted(groups, key=lambda g: -len(g["tests"]))
-    return bool(ordered) and bool(named(ordered[0]) & EXPECTED[mutant])
+    """Whether a bug's triage points where the bug lives.
+
+    Every group that names a dimension must name one the bug lives in (a wrong
+    dimension anywhere sends a person the wrong way); a bug that no dimension
+    separates is right when no group names one. Groups that name only a
+    property sit beside a right dimension without harm: the evidence of one
+    test was too thin to say more.
+    """
+    expected = EXPECTED[mutant]
+    named_groups = [named(g) for g in groups]
+    if not named_groups:
+        return False
+    dimensional = [found for found in named_groups if found != {PROPERTY}]
+    if not dimensional:
+        return PROPERTY in expected
+    return all(found & expected for found in dimensional)
 
 
 def triage_rate(triage: Mapping[str, Iterable[Mapping[str, Any]]]) -> tuple[int, int, list[str]]:
