@@ -31,6 +31,7 @@ from pathlib import Path
 
 from harness.conformance.runner import pytest_arguments
 from suites.mutants.backends import FIELD_MUTANTS, MUTANTS, VARIANT_MUTANTS
+from suites.mutants.dimensions import triage_rate
 
 BUILTINS = ("reference", "sdpa")
 
@@ -305,6 +306,11 @@ def main() -> int:
         f"kill rate: {killed}/{len(mutants)} ({100 * killed / len(mutants):.0f}%); "
         f"built-ins {'all pass' if clean else 'FAIL'}"
         + (f"; survivors: {', '.join(survivors)}" if survivors else "")
+    )
+    right, judged, wrong = triage_rate({s: verdicts[s].triage for s in planted})
+    print(
+        f"triage: {right}/{judged} planted bugs' failure groups name where the bug lives "
+        f"(suites/mutants/dimensions.py)" + (f"; not: {', '.join(wrong)}" if wrong else "")
     )
     unexplained = [t for t in tests if not only.get(t) and t not in SUBSUMED]
     if args.write_catchers and killed == len(mutants) and args.mutants == "all":
