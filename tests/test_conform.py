@@ -497,3 +497,16 @@ def test_cpu_conformance_runs_torch_on_one_thread_unless_omp_says_otherwise():
         )
         assert result.returncode == EXIT_OK, result.stdout[-2000:]
         assert result.stdout.splitlines()[0].endswith(f"· torch threads {threads}")
+
+
+def test_with_columns_every_line_fits_and_the_replay_still_pastes(conform, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    result = conform(
+        "--backend", f"{FIXTURES}:OffByOneScale", "--", "-k", "test_outputs_match_oracle"
+    )
+    assert result.returncode == EXIT_FAILED
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80, max(lines, key=len)
+    assert any(line.startswith("CAUSE  ") for line in lines)  # three failures: grouped
+    command = printed_replay(result.stdout)
+    assert command[command.index("--replay") + 1].count("@") == 1

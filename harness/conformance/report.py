@@ -336,6 +336,11 @@ class CompactReporter:
     def write(self, line: str = "") -> None:
         print(line, file=self.out, flush=True)
 
+    def say(self, line: str) -> None:
+        """A sentence of the run's own (header, coverage, verdict): fitted to the width."""
+        for part in wrapped(line, terminal_width(), rest="  "):
+            self.write(part)
+
     # -- pytest hooks -----------------------------------------------------
 
     def pytest_collectreport(self, report: Any) -> None:
@@ -361,14 +366,14 @@ class CompactReporter:
         threads = ""
         if option.conformance_device == "cpu" and "torch" in sys.modules:
             threads = f" · torch threads {sys.modules['torch'].get_num_threads()}"
-        self.write(
+        self.say(
             f"attn-harness conform: {', '.join(self.backends) or 'no backend'} · "
             f"{_plural(self.functions, 'property', 'properties')}, "
             f"{_plural(self.total, 'test')} · profile {option.conformance_profile} · "
             f"device {option.conformance_device}{threads}"
         )
         for note in self.notes():
-            self.write(f"  {note}")
+            self.say(f"  {note}")
 
     def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
         if self.live is None:
@@ -408,4 +413,5 @@ class CompactReporter:
         for error in self.errors:
             self.write(f"attn-harness conform: error: {error}")
         for line in self.summary(time.monotonic() - self.started):
-            self.write(line)
+            # its own sentences wrap; table rows and failure entries come fitted already
+            (self.say if line.startswith("attn-harness") else self.write)(line)

@@ -418,13 +418,22 @@ class ConformanceSession:
         entry for every failure (``-v``, plain pytest), otherwise one
         representative per group and the rest named.
         """
-        from harness.conformance.report import failure_lines, grouped_failure_lines, verdict_rows
-        from harness.core.text_table import aligned
+        from harness.conformance.report import (
+            UNWRAPPED,
+            failure_lines,
+            grouped_failure_lines,
+            terminal_width,
+            verdict_rows,
+        )
+        from harness.core.text_table import aligned, fitted
 
         if not self.verdicts.outcomes:
             return []
         examples = {name: cover.examples for name, cover in self.coverage_log().backends.items()}
-        lines = ["", *aligned(verdict_rows(self.verdicts, examples))]
+        rows = verdict_rows(self.verdicts, examples)
+        width = terminal_width()
+        table = (fitted(rows, width) if width < UNWRAPPED else None) or aligned(rows)
+        lines = ["", *table]
         if self.verdicts.failures:
             lines.append("")
         for group in self.failure_groups():
