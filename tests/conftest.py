@@ -118,3 +118,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             ),
             stacklevel=1,
         )
+
+
+@pytest.fixture(autouse=True)
+def _no_columns_from_xdist(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytest-xdist sets ``COLUMNS=80`` in its workers; without it a test sees what a log
+    or a pipe sees (no width asked). Tests about widths set ``COLUMNS`` themselves."""
+    monkeypatch.delenv("COLUMNS", raising=False)

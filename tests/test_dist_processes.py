@@ -154,12 +154,13 @@ def test_a_backend_that_is_not_dp_aware_is_refused_with_exit_2(
         "        super().__init__(num_heads=num_heads, num_kv_heads=num_kv_heads,\n"
         "                         head_dim=head_dim, scale=scale)\n"
     )
-    code, record, text = run_dist(
-        tmp_path, "--dp-size", "2", "--backend", f"{backend}:Plain", capsys=capsys
-    )
-    assert code == 2, text
-    assert "neither dp_size/dp_rank nor **kwargs" in record["message"]
-    assert_no_process_left(record)
+    summary = tmp_path / "dist.json"
+    args = ["dist", "--dp-size", "2", "--backend", f"{backend}:Plain", "--json", str(summary)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "neither dp_size/dp_rank nor **kwargs" in err[0]
+    assert not summary.exists()  # refused before any rank started: nothing written
 
 
 def test_an_unknown_backend_or_a_fault_outside_the_group_is_a_usage_error(

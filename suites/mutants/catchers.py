@@ -61,7 +61,9 @@ CAUGHT_BY: dict[str, str] = {
     "suites.mutants.thresholds:HeadDimCap128": "test_every_rank_matches_oracle",
     "suites.mutants.thresholds:PageIdInt16": "test_pool_past_32bit_offsets",
     "suites.mutants.thresholds:QueryTileCap128": "test_out_buffer_is_the_result",
-    "suites.mutants.thresholds:QueryTileCausalOffset": "test_lse_matches_oracle",
+    # by hand, 2026-12-03: new modules moved the draws; test_lse_matches_oracle no longer
+    # reaches a 64-row query tile (checked: run_suite on this test alone fails it)
+    "suites.mutants.thresholds:QueryTileCausalOffset": "test_production_shapes_match_oracle",
     "suites.mutants.thresholds:SeqLenInt16": "test_physical_page_order_is_irrelevant",
     "suites.mutants.thresholds:SplitKvFloorPartitions": "test_stale_block_table_entries_ignored",
     "suites.mutants.thresholds:SplitKvMaxPartitions": "test_physical_page_order_is_irrelevant",
