@@ -4,7 +4,6 @@ figures built as small multiples whose every panel has a readable scale."""
 from __future__ import annotations
 
 import copy
-import json
 import re
 from pathlib import Path
 
@@ -17,28 +16,13 @@ from harness.report.perf_figures import ratio_plot, roofline_plot
 from harness.report.stats import analyse
 from harness.report.summary_md import render_summary
 from harness.report.verdict import verdict_of
+from tests.test_report_build import bench_data, only_decode, write_json
 
 DATA = Path(__file__).parent / "data" / "report"
 BENCH = DATA / "bench.json"
 HOSTILE = "<script>alert(1)</script>"
 FLAG = "measurement error: compute at 220% of its ceiling"
 REASON = "runs interpreted on cpu: its time says nothing, not timed"
-
-
-def bench_data() -> dict:
-    return json.loads(BENCH.read_text())
-
-
-def write_json(path: Path, data: dict) -> Path:
-    path.write_text(json.dumps(data))
-    return path
-
-
-def only_decode(data: dict) -> dict:
-    data = copy.deepcopy(data)
-    data["workloads"] = [w for w in data["workloads"] if w["name"] == "decode-sweep"]
-    data["cases"] = [c for c in data["cases"] if c["workload"] == "decode-sweep"]
-    return data
 
 
 def unsupported(data: dict, backend: str) -> dict:
