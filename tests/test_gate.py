@@ -22,6 +22,7 @@ from harness.gate import (
     save_baseline,
 )
 from harness.gate.compare import performance_verdict
+from harness.gate.verdicts import ORDER
 from harness.results.store import RunRecord, load_results, save_results
 
 DATA = Path(__file__).parent / "data" / "gate" / "bench-small.json"
@@ -395,16 +396,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COMMITTED_BASELINE = "reports/baselines/cpu-intel-r-xeon-r-processor-2cpu/baseline.json"
 PARTIAL_RUN = "reports/gpu-check-cpu-rehearsal-2026-12-01/bench-cpu.json"
 """A committed partial run against the committed baseline of its machine: 117 cases MISSING."""
-VERDICTS = (
-    "FAIL",
-    "IMPROVED",
-    "INCONCLUSIVE",
-    "PASS",
-    "MISSING",
-    "NEW",
-    "UNSUPPORTED",
-    "UNCOMPARED",
-)
+VERDICTS = ORDER
 
 
 def _gate_output(

@@ -168,20 +168,9 @@ def _conformance_failures(inputs: Any) -> list[str]:
 
 
 def _closing(report: Any) -> str:
-    counts = ", ".join(
-        f"{report.count(v)} {v}"
-        for v in (
-            "FAIL",
-            "IMPROVED",
-            "INCONCLUSIVE",
-            "PASS",
-            "MISSING",
-            "NEW",
-            "UNSUPPORTED",
-            "UNCOMPARED",
-        )
-        if report.count(v)
-    )
+    from harness.gate.verdicts import ORDER
+
+    counts = ", ".join(f"{report.count(v)} {v}" for v in ORDER if report.count(v))
     threshold = f"threshold {report.threshold:.0%}"
     conformance = (
         f"; {len(report.conformance_failures)} conformance failure(s)"
