@@ -14,7 +14,6 @@ import os
 import re
 import shlex
 import sys
-import textwrap
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -174,20 +173,6 @@ def terminal_width() -> int:
     return UNWRAPPED
 
 
-def wrapped(text: str, width: int, first: str = "", rest: str = INDENT) -> list[str]:
-    """``text`` in lines of at most ``width`` columns (words longer than that stay whole)."""
-    if len(first) + len(text) <= width:
-        return [first + text]
-    return textwrap.wrap(
-        text,
-        width=width,
-        initial_indent=first,
-        subsequent_indent=rest,
-        break_long_words=False,
-        break_on_hyphens=False,
-    ) or [first.rstrip()]
-
-
 def shell_lines(command: str, width: int) -> list[str]:
     """``command`` as shell lines of at most ``width`` columns that paste back as one.
 
@@ -222,12 +207,14 @@ def failure_lines(failure: Failure, width: int | None = None) -> list[str]:
     width = width or terminal_width()
     test = shown_name(failure.test, failure.backend)
     first, *more = failure.detail.splitlines()
-    lines = wrapped(f"{failure.backend} · {test}: {first}", width, first="FAILED ")
+    lines = text_table.wrapped(
+        f"{failure.backend} · {test}: {first}", width, INDENT, first="FAILED "
+    )
     for line in more:
-        lines += wrapped(line, width, first=INDENT)
+        lines += text_table.wrapped(line, width, INDENT, first=INDENT)
     if failure.scenario:
         scenario = f"scenario: {failure.scenario}"
-        lines += wrapped(scenario, width, first=INDENT, rest=INDENT + " " * 10)
+        lines += text_table.wrapped(scenario, width, INDENT + " " * 10, first=INDENT)
     label = f"{INDENT}replay:   "
     if len(label) + len(failure.replay) <= width:
         lines.append(label + failure.replay)
@@ -261,7 +248,9 @@ def grouped_failure_lines(group: Any, every_failure: bool) -> list[str]:
 
     width = terminal_width()
     first = group.failures[0]
-    lines = wrapped(f"{first.backend} · {cause_line(group)}", width, first="CAUSE  ")
+    lines = text_table.wrapped(
+        f"{first.backend} · {cause_line(group)}", width, INDENT, first="CAUSE  "
+    )
     shown = group.failures if every_failure else group.failures[:1]
     for failure in shown:
         lines += failure_lines(failure, width)
@@ -270,7 +259,7 @@ def grouped_failure_lines(group: Any, every_failure: bool) -> list[str]:
         names = [shown_name(f.test, f.backend) for f in rest]
         listed = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         more = f"{_plural(len(rest), 'more failure')} like it: {listed} (-v lists each)"
-        lines += wrapped(more, width, first=INDENT)
+        lines += text_table.wrapped(more, width, INDENT, first=INDENT)
     return lines
 
 
@@ -338,7 +327,7 @@ class CompactReporter:
 
     def say(self, line: str) -> None:
         """A sentence of the run's own (header, coverage, verdict): fitted to the width."""
-        for part in wrapped(line, terminal_width(), rest="  "):
+        for part in text_table.wrapped(line, terminal_width()):
             self.write(part)
 
     # -- pytest hooks -----------------------------------------------------
@@ -379,7 +368,13 @@ class CompactReporter:
         if self.live is None:
             self.header()
             every = float(self.config.getoption("progress_every", 30.0))
-            self.live = progress_display(", ".join(self.backends), quiet=_quiet(), every_s=every)
+            width = terminal_width()
+            self.live = progress_display(
+                ", ".join(self.backends),
+                quiet=_quiet(),
+                every_s=every,
+                width=None if width == UNWRAPPED else width,
+            )
         label = nodeid.rpartition("::")[2]
         for backend in self.backends:
             if f"[{backend}" in label:

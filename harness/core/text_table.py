@@ -65,19 +65,23 @@ def fitted(rows: list[list[str]], width: int, give_first: Sequence[int] = ()) ->
     return _render(rows, widths, width)
 
 
-def wrapped(line: str, width: int, indent: str = "  ") -> list[str]:
+def wrapped(line: str, width: int, indent: str = "  ", first: str = "") -> list[str]:
     """A line of prose broken at spaces to ``width``, continuation lines indented.
 
-    A word longer than the line (a long path) is kept whole, so that it can be
-    copied.
+    ``first`` opens the first line (``FAILED ``). A line that fits is returned
+    as it is. A word longer than the line (a long path) is kept whole, so that
+    it can be copied.
     """
+    if len(first) + len(line) <= width:
+        return [first + line]
     return textwrap.wrap(
         line,
         width,
+        initial_indent=first,
         subsequent_indent=indent,
         break_long_words=False,
         break_on_hyphens=False,
-    ) or [""]
+    ) or [first.rstrip()]
 
 
 def _pieces(cell: str) -> list[str]:
