@@ -83,6 +83,7 @@ class ConformanceSession:
     replay: tuple[str, str | None, bytes | None] | None = None
     replay_held: bool = False  # the replayed example ran and passed: the fix held
     _profiles: dict[bool, Any] = field(default_factory=dict)
+    _groups: tuple[int, list[Any]] | None = None  # (failures grouped, their groups)
 
     def __post_init__(self) -> None:
         from harness.conformance.report import Verdicts
@@ -444,17 +445,26 @@ class ConformanceSession:
         return lines
 
     def failure_groups(self) -> list[Any]:
-        """The run's failures grouped by what explains them (``triage.group_failures``)."""
+        """The run's failures grouped by what explains them (``triage.group_failures``).
+
+        Asked for by the verdict lines, the JUnit properties and the coverage
+        file at the end of a run; grouped once per set of failures.
+        """
         from harness.conformance.triage import group_failures
 
+        seen = len(self.verdicts.failures)
+        if self._groups is not None and self._groups[0] == seen:
+            return self._groups[1]
         backends: dict[str, list[Any]] = {}
         for failure in self.verdicts.failures:
             backends.setdefault(failure.backend, []).append(failure)
-        return [
+        groups = [
             group
             for backend, failures in backends.items()
             for group in group_failures(backend, failures, self.triage_log())
         ]
+        self._groups = (seen, groups)
+        return groups
 
     def triage_lines(self) -> list[str]:
         """One line per group of failures: ``BACKEND: CAUSE`` (JUnit properties, logs)."""
