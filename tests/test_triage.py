@@ -268,6 +268,18 @@ def test_plain_progress_prints_tests_done_and_an_estimate():
     assert "(now test_outputs_match_oracle[reference-float32])" in line
 
 
+def test_plain_progress_fits_a_width_when_asked():
+    stream = io.StringIO()
+    progress = PlainProgress("a-backend-with-a-long-name", every_s=60, stream=stream, width=40)
+    progress.start_test(2, 3, "test_outputs_match_oracle[bfloat16]")
+    progress.print_line()
+    progress.stop()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) > 1
+    assert max(len(line) for line in lines) <= 40
+    assert "2/3 tests done" in " ".join(lines)
+
+
 def test_the_estimate_is_the_rate_so_far():
     assert progress_line(120, "x", 12, 48) == "[  120 s] x: 12/48 tests done, about 6 min left"
     assert progress_line(5, "x", 0, 48) == "[    5 s] x: 0/48 tests done"

@@ -17,6 +17,8 @@ import threading
 import time
 from typing import IO, Any
 
+from harness.core import text_table
+
 PLAIN_EVERY_S = 30.0
 
 
@@ -45,9 +47,16 @@ def _terminal_stream() -> IO[str]:
 class PlainProgress:
     """Periodic plain progress lines, for logs and CI."""
 
-    def __init__(self, who: str, every_s: float = PLAIN_EVERY_S, stream: IO[str] | None = None):
+    def __init__(
+        self,
+        who: str,
+        every_s: float = PLAIN_EVERY_S,
+        stream: IO[str] | None = None,
+        width: int | None = None,
+    ):
         self.who = who or "conformance"
         self.every_s = every_s
+        self.width = width  # fit each line to it (COLUMNS asked); None: whole lines
         self.started = time.monotonic()
         self.done = self.total = 0
         self.running = ""
@@ -67,7 +76,8 @@ class PlainProgress:
             line = progress_line(
                 time.monotonic() - self.started, self.who, self.done, self.total, self.running
             )
-            print(line, file=self._stream, flush=True)
+            parts = [line] if self.width is None else text_table.wrapped(line, self.width)
+            print("\n".join(parts), file=self._stream, flush=True)
 
     def start_test(self, done: int, total: int, label: str) -> None:
         with self._lock:
@@ -136,6 +146,9 @@ class LiveLine:
             self._stream = None
 
 
-def progress_display(who: str, quiet: bool, every_s: float = PLAIN_EVERY_S) -> Any:
-    """The live line on a terminal; plain periodic lines when ``quiet`` (no terminal, CI)."""
-    return PlainProgress(who, every_s) if quiet else LiveLine()
+def progress_display(
+    who: str, quiet: bool, every_s: float = PLAIN_EVERY_S, width: int | None = None
+) -> Any:
+    """The live line on a terminal; plain periodic lines when ``quiet`` (no terminal, CI),
+    fitted to ``width`` when one is asked for."""
+    return PlainProgress(who, every_s, width=width) if quiet else LiveLine()
