@@ -94,6 +94,7 @@ def test_the_triage_names_the_batch_kind_of_a_mask_bug() -> None:
     results = run_quick_check(_narrowed(TopLeftCausal))
     (line,) = triage_lines(results)
     assert line.startswith("TopLeftCausal: 18 failures, all with batch kind ")
+    assert "batch kind decode, extend or mixed (" in line  # the matrix's batch names
     assert "every example with batch kind prefill held (6)" in line
 
 
