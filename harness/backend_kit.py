@@ -30,6 +30,13 @@ cache; ``self.sequences`` dequantizes an FP8 cache (``dequantize``);
 ``forward(..., out=)`` is handled here; claim ``lse`` and implement
 ``attend_with_lse`` for ``forward_with_lse``.
 
+Engine kernels: ``vllm_metadata(step)``, ``flashinfer_metadata(step)`` and
+``sglang_metadata(step)`` give the step's metadata in each engine's own form
+(local page ids and slots, the rank's offset taken off, padding made safe),
+built once per step on its device; ``docs/engine-metadata.md`` has a worked
+example of each. An ``attend`` that declares ``key`` and ``value`` keyword
+parameters gets the step's new K/V too (an extend kernel takes them).
+
 Cache memory outside the sequences is unspecified; the conformance suite
 fills it with NaN, so a kernel that reads past a sequence's end returns NaN.
 
@@ -39,6 +46,14 @@ fills it with NaN, so a kernel that reads past a sequence's end returns NaN.
 
 from __future__ import annotations
 
+from harness.core.engine_metadata import (
+    FlashInferMetadata,
+    SglangMetadata,
+    VllmMetadata,
+    flashinfer_metadata,
+    sglang_metadata,
+    vllm_metadata,
+)
 from harness.core.kv_pages import put_rows, take_rows
 from harness.core.paged_base import PagedBackendBase, PreparedStep
 from harness.core.validate import (
@@ -58,17 +73,23 @@ __all__ = [
     "AttentionVariant",
     "CacheGeometry",
     "CheckedMetadata",
+    "FlashInferMetadata",
     "PagedBackendBase",
     "PreparedStep",
+    "SglangMetadata",
+    "VllmMetadata",
     "check_rank_is_bound",
     "check_rank_ownership",
     "dequantize",
+    "flashinfer_metadata",
     "put_rows",
     "quantize",
     "read_metadata",
+    "sglang_metadata",
     "take_rows",
     "validate_backend_args",
     "validate_forward_inputs",
     "validate_layer_caches",
     "validate_metadata",
+    "vllm_metadata",
 ]

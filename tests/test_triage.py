@@ -25,10 +25,13 @@ from harness.conformance.triage import (
     TriageLog,
     cause_line,
     chance_of,
+    count_bucket,
     example_key,
     explain,
     group_failures,
     group_json,
+    index_bucket,
+    triage_labels,
 )
 from harness.core.variants import AttentionVariant
 from harness.numerics.scenario import Scenario
@@ -318,3 +321,27 @@ def test_one_variant_is_named_whatever_it_is_combined_with():
     cause = explain(evidence.failed, evidence.held)
     assert cause is not None
     assert (cause.dimension, cause.failing) == ("soft_cap", ("on",))
+
+
+def test_counts_and_indices_are_bucketed_at_powers_of_two():
+    """A kernel that packs 8 query heads, or keeps a rank in 3 bits, breaks just past a
+    power of two: each bucket ends (counts) or starts (indices) on one."""
+    assert [count_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17)] == [
+        "1", "2", "3-4", "3-4", "5-8", "5-8", "9-16", "9-16", "17-32",
+    ]  # fmt: skip
+    assert [index_bucket(i) for i in (0, 1, 2, 3, 4, 7, 8, 15, 16)] == [
+        "0", "1", "2-3", "2-3", "4-7", "4-7", "8-15", "8-15", "16-31",
+    ]  # fmt: skip
+    labels = triage_labels(replace(BASE, num_heads=16, num_kv_heads=1, dp_size=9, dp_rank=8))
+    assert labels["group"] == "9-16"
+    assert labels["rank_index"] == "8-15"
+
+
+def test_a_wide_gqa_group_is_named_by_the_group_size():
+    rng = random.Random(7)
+    held = [_random_step(rng, num_heads=h, num_kv_heads=1) for h in (1, 2, 4, 8) for _ in range(6)]
+    failed = [_random_step(rng, num_heads=16, num_kv_heads=1) for _ in range(8)]
+    evidence = _log(held, failed).tests("b")["test_x"]
+    cause = explain(evidence.failed, evidence.held)
+    assert cause is not None
+    assert (cause.dimension, cause.failing) == ("group", ("9-16",))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -42,7 +43,9 @@ class PreparedStep:
     flattened local cache (``forward`` writes them before ``attend``);
     ``sequence_rows`` each row's cache rows in order, ``None`` for a padding
     row (empty when ``per_sequence_rows`` is off); ``plan`` what the
-    subclass's ``plan_step`` returned.
+    subclass's ``plan_step`` returned; ``geometry`` the bound caches' (page
+    size, the rank's page offset, device); ``views`` the engine metadata views
+    built from it so far (``harness.core.engine_metadata``), one per step.
     """
 
     checked: CheckedMetadata
@@ -50,9 +53,17 @@ class PreparedStep:
     write_rows: torch.Tensor  # their rows in the flattened (local) cache
     sequence_rows: list[torch.Tensor | None]  # per row: its tokens' cache rows (None: padding)
     plan: Any  # the subclass's own per-step data
+    geometry: CacheGeometry | None = None
+    views: dict[Any, Any] = dataclasses.field(default_factory=dict)
 
 
 _DEFAULT_DEVICES = Capabilities().devices
+
+
+def _takes_new_kv(method: Any) -> bool:
+    """Whether ``method`` declares ``key`` and ``value`` parameters (the step's new K/V)."""
+    parameters = inspect.signature(method).parameters
+    return "key" in parameters and "value" in parameters
 
 
 def _keeping_devices(declared: Any) -> Any:
@@ -96,13 +107,18 @@ class PagedBackendBase:
 
     per_sequence_rows: bool = True
     devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
+    _new_kv_takers: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Wrap an overriding ``capabilities()`` so that it keeps the class's devices."""
+        """Wrap an overriding ``capabilities()`` so that it keeps the class's devices, and
+        note which of ``attend`` / ``attend_with_lse`` take the step's new K/V."""
         super().__init_subclass__(**kwargs)
         declared = cls.__dict__.get("capabilities")
         if isinstance(declared, classmethod | staticmethod):
             cls.capabilities = _keeping_devices(declared)  # type: ignore[method-assign]
+        cls._new_kv_takers = frozenset(
+            name for name in ("attend", "attend_with_lse") if _takes_new_kv(getattr(cls, name))
+        )
 
     def __init__(
         self,
@@ -200,6 +216,7 @@ class PagedBackendBase:
             write_rows=torch.tensor(rows, dtype=torch.long, device=device),
             sequence_rows=sequence_rows,
             plan=self.plan_step(checked, geometry),
+            geometry=geometry,
         )
 
     def _check_storage(self, geometry: CacheGeometry) -> None:
@@ -232,7 +249,7 @@ class PagedBackendBase:
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         cache, step = self._write_step(query, key, value, layer_idx, out)
-        result = self.attend(query, cache, step)
+        result = self.attend(query, cache, step, **self._new_kv("attend", key, value))
         if out is None:
             return result
         out.copy_(result)
@@ -243,7 +260,13 @@ class PagedBackendBase:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The output and the natural-log sum-exp of each (token, head), ``[T, H]`` float32."""
         cache, step = self._write_step(query, key, value, layer_idx)
-        return self.attend_with_lse(query, cache, step)
+        return self.attend_with_lse(
+            query, cache, step, **self._new_kv("attend_with_lse", key, value)
+        )
+
+    def _new_kv(self, method: str, key: torch.Tensor, value: torch.Tensor) -> dict[str, Any]:
+        """``key=``/``value=`` for a subclass method that declares them, else nothing."""
+        return {"key": key, "value": value} if method in self._new_kv_takers else {}
 
     def _write_step(
         self,
@@ -299,7 +322,13 @@ class PagedBackendBase:
         return None
 
     def attend(self, query: torch.Tensor, cache: LayerCache, step: PreparedStep) -> torch.Tensor:
-        """Attention for every query token over ``cache``, whose new K/V are written."""
+        """Attention for every query token over ``cache``, whose new K/V are written.
+
+        A subclass whose ``attend`` (or ``attend_with_lse``) declares keyword
+        parameters ``key`` and ``value`` gets the step's new keys and values
+        too, ``[T, num_kv_heads, head_dim]`` as ``forward`` received them
+        (an extend kernel takes them as arguments beside the cached prefix).
+        """
         raise NotImplementedError(
             f"{type(self).__name__} must implement attend(query, cache, step), the attention "
             "PagedBackendBase.forward calls after writing the new K/V"
