@@ -127,6 +127,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "so far (default: hypothesis's, 300 s); lower it for a slow backend",
     )
     group.addoption(
+        "--max-shrinks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="stop shrinking a failure after N smaller failing examples (default: "
+        "hypothesis's, 500): a budget that does not depend on the machine's speed, so a run "
+        "that keeps the time limit out of reach shrinks alike on a busy and a quiet machine",
+    )
+    group.addoption(
         "--replay",
         default=None,
         metavar="TEST@VERSION:BLOB",
@@ -195,6 +204,9 @@ def pytest_configure(config: pytest.Config) -> None:
     shrink = config.getoption("shrink_time_limit")
     if shrink is not None:
         _limit_shrinking(shrink)
+    shrinks = config.getoption("max_shrinks")
+    if shrinks is not None:
+        _limit_shrinks(shrinks)
     run = _start(config, _options(config.option))
     try:
         run.resolve_backends()  # now, so an unloadable spec is a usage error before collection
@@ -286,6 +298,17 @@ def _limit_shrinking(seconds: float) -> None:
             "--shrink-time-limit: this hypothesis version has no shrinking time budget to set"
         )
     engine.MAX_SHRINKING_SECONDS = seconds  # type: ignore[assignment]  # read as a number
+
+
+def _limit_shrinks(count: int) -> None:
+    """Set hypothesis's budget of successful shrinks (a module constant, like the time's)."""
+    if count <= 0:
+        raise pytest.UsageError(f"--max-shrinks must be > 0, got {count}")
+    from hypothesis.internal.conjecture import engine
+
+    if not hasattr(engine, "MAX_SHRINKS"):
+        raise pytest.UsageError("--max-shrinks: this hypothesis version has no shrink budget")
+    engine.MAX_SHRINKS = count
 
 
 # -- what the suite's modules call: each reads the running session -------------------------

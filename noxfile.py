@@ -16,6 +16,9 @@ RUN_DIR = "reports/run"  # where the main job writes (conformance, bench.json, r
 BASELINES = "reports/baselines"
 DIST_DIR = "reports/dist"  # where the dist session writes
 BUILTINS = ("reference", "sdpa", "flex", "compiled", "triton")
+ENGINES = ("sglang==0.5.23",)
+"""Engine wheels whose kernels have adapters, installed with --no-deps: their kernels need
+only torch and triton, and their own dependencies are a whole server's."""
 BASELINE_RUNS = 3
 CANDIDATE_RUNS = 2  # benchmark runs the gate pools on the candidate side
 # The gate's threshold in CI: a case fails only when its whole interval lies beyond it
@@ -46,6 +49,22 @@ def conformance(session: nox.Session) -> None:
     """
     session.install(*CONSTRAINTS, "-e", ".[triton]")
     session.run("attn-harness", "conform", *session.posargs)
+
+
+@nox.session
+def engines(session: nox.Session) -> None:
+    """Engine kernels as backends: installs the engines' wheels (``ENGINES``, no deps),
+    runs the adapters' tests and the quick check of ``sglang-triton`` (interpreted on the
+    CPU). Arguments after ``--`` go to ``attn-harness conform --backend sglang-triton``
+    instead of the quick check, e.g. ``nox -s engines -- --profile ci``."""
+    session.install(*CONSTRAINTS, "-e", ".[test,triton]")
+    session.install("--no-deps", *ENGINES)
+    env = {"TRITON_INTERPRET": "1"}
+    session.run("pytest", "tests/test_engine_backends.py", env=env)
+    if session.posargs:
+        session.run("attn-harness", "conform", "--backend", "sglang-triton", *session.posargs)
+    else:
+        session.run("attn-harness", "check", "--backend", "sglang-triton", env=env)
 
 
 @nox.session

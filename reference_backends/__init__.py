@@ -1,5 +1,8 @@
 """Built-in attention backends, registered by name through ``BUILTIN_BACKENDS``.
 
+``sglang-triton`` is an engine's kernel behind an adapter: it claims a device
+only where its engine is installed.
+
 The registry reads this mapping on first use; importing this package does
 not touch any registry.
 """
@@ -10,6 +13,7 @@ from reference_backends.compiled import CompiledBackend
 from reference_backends.flex import FlexBackend
 from reference_backends.reference import ReferenceBackend
 from reference_backends.sdpa import SdpaBackend
+from reference_backends.sglang_triton import SglangTritonBackend
 from reference_backends.triton_backend import TritonBackend
 
 BUILTIN_BACKENDS: dict[str, type] = {
@@ -17,6 +21,7 @@ BUILTIN_BACKENDS: dict[str, type] = {
     "flex": FlexBackend,
     "reference": ReferenceBackend,
     "sdpa": SdpaBackend,
+    "sglang-triton": SglangTritonBackend,
     "triton": TritonBackend,
 }
 
@@ -26,5 +31,6 @@ __all__ = [
     "FlexBackend",
     "ReferenceBackend",
     "SdpaBackend",
+    "SglangTritonBackend",
     "TritonBackend",
 ]

@@ -103,12 +103,14 @@ def test_list_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["list", "--json"]) == EXIT_OK
     data = json.loads(capsys.readouterr().out)
     by_name = {b["name"]: b for b in data["backends"]}
-    assert set(by_name) == {"compiled", "flex", "reference", "sdpa", "triton"}
+    assert set(by_name) == {"compiled", "flex", "reference", "sdpa", "sglang-triton", "triton"}
     for entry in by_name.values():
         assert {"name", "origin", "dp_aware", "dtypes"} <= set(entry)
         assert entry["origin"] == "built-in"
         assert entry["dp_aware"] is True
-        assert entry["dtypes"] == ["float32", "float16", "bfloat16"]
+    for name in ("compiled", "flex", "reference", "sdpa", "triton"):
+        assert by_name[name]["dtypes"] == ["float32", "float16", "bfloat16"]
+    assert by_name["sglang-triton"]["dtypes"] == ["float32", "float16"]  # bf16: see its docstring
     assert data["load_errors"] == {}
 
 
@@ -193,7 +195,7 @@ def test_unknown_name_lists_available(command: str, capsys: pytest.CaptureFixtur
     err = capsys.readouterr().err
     assert err.startswith(f"attn-harness {command}: error: --backend nope: ")
     assert "'nope'" in err
-    assert "Available: compiled, flex, reference, sdpa, triton" in err
+    assert "Available: compiled, flex, reference, sdpa, sglang-triton, triton" in err
     assert "Traceback" not in err
 
 

@@ -305,11 +305,13 @@ def test_unknown_name_raises_keyerror_listing_available() -> None:
         reg.entry("nope")
     message = info.value.args[0]
     assert "'nope'" in message
-    assert "compiled, flex, reference, sdpa, triton" in message
+    assert "compiled, flex, reference, sdpa, sglang-triton, triton" in message
 
 
 def test_get_backend_unknown_name_and_resolve_unknown() -> None:
-    with pytest.raises(KeyError, match=r"Available: compiled, flex, reference, sdpa, triton"):
+    with pytest.raises(
+        KeyError, match=r"Available: compiled, flex, reference, sdpa, sglang-triton, triton"
+    ):
         get_backend("nope")
     with pytest.raises(KeyError, match="nope"):
         BackendRegistry().resolve("nope")
@@ -646,7 +648,15 @@ def test_good_entry_point_has_entry_point_origin(monkeypatch: pytest.MonkeyPatch
     entry = reg.entry("ext")
     assert entry.cls is ExplicitDP
     assert entry.origin == "entry point (ext-dist)"
-    assert reg.names() == ["compiled", "ext", "flex", "reference", "sdpa", "triton"]
+    assert reg.names() == [
+        "compiled",
+        "ext",
+        "flex",
+        "reference",
+        "sdpa",
+        "sglang-triton",
+        "triton",
+    ]
     assert reg.load_errors == {}
 
 
@@ -664,7 +674,7 @@ def test_failing_entry_point_warns_and_is_recorded(monkeypatch: pytest.MonkeyPat
     reg = BackendRegistry()
     with pytest.warns(UserWarning, match=r"'bad' \(bad-dist\).*plugin boom"):
         names = reg.names()
-    assert names == ["compiled", "flex", "good", "reference", "sdpa", "triton"]
+    assert names == ["compiled", "flex", "good", "reference", "sdpa", "sglang-triton", "triton"]
     assert reg.load_errors == {"bad": "ImportError: plugin boom"}
     with pytest.raises(KeyError):
         reg.entry("bad")
@@ -843,7 +853,7 @@ def test_a_name_that_is_no_file_or_module_is_still_unknown(name: str) -> None:
         BackendRegistry().resolve(name)
     message = info.value.args[0]
     assert f"Unknown attention backend '{name}'" in message
-    assert "Available: compiled, flex, reference, sdpa, triton" in message
+    assert "Available: compiled, flex, reference, sdpa, sglang-triton, triton" in message
     assert "'path/to/file.py:Class'" in message
 
 
@@ -919,7 +929,7 @@ def test_a_name_without_class_is_still_an_unknown_name_to_the_registry(name):
     """The contract: an unknown name is a KeyError listing the available ones."""
     with pytest.raises(KeyError) as info:
         registry.get_backend(name)
-    registered = "compiled, flex, reference, sdpa, triton"
+    registered = "compiled, flex, reference, sdpa, sglang-triton, triton"
     assert f"not one of the registered backends ({registered})" in str(info.value)
     assert isinstance(info.value, BackendLoadError)  # and it says what a spec needs
     assert "needs ':Class'" in str(info.value) or "no such file" in str(info.value)
@@ -927,16 +937,19 @@ def test_a_name_without_class_is_still_an_unknown_name_to_the_registry(name):
 
 def test_a_default_run_leaves_out_a_backend_claiming_no_device_here(monkeypatch) -> None:
     """A built-in whose optional package is missing claims no device: left out, named."""
+    import reference_backends.sglang_triton as sglang_triton
     import reference_backends.triton_backend as triton_backend
     from harness.core.registry import split_by_device
 
+    monkeypatch.setattr(sglang_triton, "_installed", lambda: False)  # the engine not installed
     entries = BackendRegistry().entries()
     claiming, others = split_by_device(entries, "cpu")
     assert "triton" in [e.name for e in claiming]
-    assert others == []
+    assert [e.name for e in others] == ["sglang-triton"]
     monkeypatch.setattr(triton_backend, "_triton_available", lambda: False)
     claiming, others = split_by_device(entries, "cpu")
-    assert [e.name for e in others] == ["triton"]
+    assert [e.name for e in others] == ["sglang-triton", "triton"]
     assert "triton" not in [e.name for e in claiming]
     assert "compiled" in [e.name for e in claiming]
-    assert [e.name for e in split_by_device(entries, "cuda")[1]] == ["compiled", "triton"]
+    cuda_others = [e.name for e in split_by_device(entries, "cuda")[1]]
+    assert cuda_others == ["compiled", "sglang-triton", "triton"]

@@ -109,7 +109,7 @@ def _list_lines(described: list[dict[str, object]], width: int) -> list[str]:
     """
     rows = [list(LIST_COLUMNS.values())]
     rows += [[_cell(d[k]) for k in LIST_COLUMNS] for d in described]
-    table = fitted(rows, width)
+    table = fitted(rows, width, whole=[0])  # backend names whole: they are typed back
     if table is not None:
         return table
     lines: list[str] = []

@@ -40,19 +40,27 @@ def aligned(rows: list[list[str]]) -> list[str]:
     return _render(rows, widths)
 
 
-def fitted(rows: list[list[str]], width: int, give_first: Sequence[int] = ()) -> list[str] | None:
+def fitted(
+    rows: list[list[str]],
+    width: int,
+    give_first: Sequence[int] = (),
+    whole: Sequence[int] = (),
+) -> list[str] | None:
     """``aligned``, with cells wrapped so that no line is wider than ``width``.
 
     The columns in ``give_first`` (free text, say, beside names better kept
     whole) give way first, down to a quarter of the width; then the widest
     column, a column at a time, down to its longest unbreakable piece.
+    Columns in ``whole`` (names a reader searches for) are never broken.
     ``None`` when even that does not fit (the caller then lays its data out
     another way).
     """
     cells = [row for row in rows if len(row) > 1]
     columns = range(len(cells[0]))
     widths = [max(len(row[i]) for row in cells) for i in columns]
-    floors = [max(_longest_piece(row[i]) for row in cells) for i in columns]
+    floors = [
+        widths[i] if i in whole else max(_longest_piece(row[i]) for row in cells) for i in columns
+    ]
     room = width - len(GAP) * (len(widths) - 1)
     if sum(floors) > room:
         return None

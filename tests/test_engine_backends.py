@@ -1,0 +1,100 @@
+"""Engine kernels as backends: loading an engine's files by path, and ``sglang-triton``.
+
+The loader is tested on a package written here (an engine whose ``__init__``
+would fail, as SGLang's does without its server's dependencies). The
+adapter's own test needs the ``sglang`` wheel (``nox -s engines`` installs
+it with ``--no-deps``); without it, the test checks that the backend claims
+no device and says what to install.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from harness.conformance.check_matrix import run_quick_check
+from harness.core.errors import Unsupported
+from harness.core.registry import default_registry
+from reference_backends.engine_modules import (
+    EngineMissing,
+    load_engine_files,
+    package_root,
+)
+from reference_backends.sglang_triton import SglangTritonBackend
+
+
+@pytest.fixture
+def fake_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A package ``fakeengine`` whose ``__init__`` raises, with two kernel files."""
+    root = tmp_path / "fakeengine"
+    (root / "ops").mkdir(parents=True)
+    (root / "__init__.py").write_text("raise ImportError('the whole server is needed')\n")
+    (root / "ops" / "base.py").write_text("SCALE = 3\n")
+    (root / "ops" / "kernel.py").write_text(
+        textwrap.dedent(
+            """
+            from fakeengine.ops.base import SCALE
+            from fakeengine.utils import is_hip
+
+            def run(x):
+                return x * SCALE + (100 if is_hip() else 0)
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "fakeengine"
+
+
+def test_kernel_files_load_without_the_engines_init(fake_engine):
+    utils = ModuleType("fakeengine.utils")
+    utils.is_hip = lambda: False  # type: ignore[attr-defined]
+    loaded = load_engine_files(
+        fake_engine, ["fakeengine.ops.base", "fakeengine.ops.kernel"], {"fakeengine.utils": utils}
+    )
+    assert loaded["fakeengine.ops.kernel"].run(2) == 6
+    assert not [name for name in sys.modules if name.startswith("fakeengine")]  # nothing kept
+
+
+def test_a_missing_engine_or_file_is_named(fake_engine):
+    assert package_root("no_such_engine_here") is None
+    with pytest.raises(EngineMissing, match="no_such_engine_here is not installed"):
+        load_engine_files("no_such_engine_here", ["no_such_engine_here.k"], {})
+    with pytest.raises(EngineMissing, match=r"has no ops/missing\.py"):
+        load_engine_files(fake_engine, ["fakeengine.ops.missing"], {})
+    with pytest.raises(ValueError, match=r"other\.module is not inside fakeengine"):
+        load_engine_files(fake_engine, ["other.module"], {})
+
+
+SGLANG = package_root("sglang") is not None
+
+
+def test_sglang_triton_is_registered_with_what_it_claims():
+    caps = default_registry().resolve("sglang-triton").capabilities
+    assert caps.soft_cap
+    assert caps.sinks
+    assert not caps.sliding_window
+    assert not caps.alibi
+    if SGLANG:
+        assert "cpu" in caps.devices
+    else:
+        assert caps.devices == ()
+        with pytest.raises(Unsupported, match="pip install --no-deps sglang"):
+            SglangTritonBackend(num_heads=2, num_kv_heads=1, head_dim=8, scale=0.5)
+
+
+@pytest.mark.skipif(not SGLANG, reason="needs the sglang wheel: nox -s engines installs it")
+def test_sglang_kernels_pass_the_quick_check_interpreted():
+    """SGLang's own decode and extend kernels, through the kit's ``sglang_metadata``, on
+    the quick check's steps (DP ranks, page sizes 3 and 16, head dim 13, fp32 and fp16)."""
+    from harness.core.triton_mode import interpret_triton_here
+
+    if not interpret_triton_here():
+        pytest.skip("triton was imported without its interpreter in this process")
+    results = run_quick_check(default_registry().resolve("sglang-triton"))
+    assert len(results) >= 40
+    failed = [r for r in results if r.status != "PASSED"]
+    assert not failed, failed[:3]
