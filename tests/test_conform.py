@@ -406,6 +406,7 @@ def test_pytest_usage_error_for_a_bad_spec(capfd):
     [
         (["--examples", "0"], "--examples must be >= 1"),
         (["--shrink-time-limit", "0"], "--shrink-time-limit must be > 0"),
+        (["--max-shrinks", "0"], "--max-shrinks must be > 0, got 0"),
     ],
 )
 def test_pytest_usage_error_for_bad_budgets(capfd, option, message):
@@ -422,6 +423,16 @@ def test_shrink_time_limit_sets_hypothesis_budget(monkeypatch):
     monkeypatch.setattr(engine, "MAX_SHRINKING_SECONDS", engine.MAX_SHRINKING_SECONDS)
     attn_harness_pytest._limit_shrinking(12.5)
     assert engine.MAX_SHRINKING_SECONDS == 12.5
+
+
+def test_max_shrinks_sets_hypothesis_budget(monkeypatch):
+    from hypothesis.internal.conjecture import engine
+
+    import attn_harness_pytest
+
+    monkeypatch.setattr(engine, "MAX_SHRINKS", engine.MAX_SHRINKS)
+    attn_harness_pytest._limit_shrinks(40)
+    assert engine.MAX_SHRINKS == 40
 
 
 def test_pytest_arguments():
