@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from harness.core.kv_pages import token_slots
 from harness.core.validate import CacheGeometry, CheckedMetadata
 
 
@@ -85,11 +86,6 @@ def _cumulative(counts: list[int]) -> list[int]:
 def _local_pages(checked: CheckedMetadata, geometry: CacheGeometry) -> list[list[int]]:
     """Each row's in-use pages as ids into the bound tensors (the rank's offset taken off)."""
     return [[page - geometry.page_offset for page in pages] for pages in checked.pages]
-
-
-def _slots(pages: list[int], length: int, page_size: int) -> list[int]:
-    """The local token rows of a sequence's first ``length`` tokens."""
-    return [pages[t // page_size] * page_size + t % page_size for t in range(length)]
 
 
 def _geometry_of(step: Any) -> CacheGeometry:
@@ -183,8 +179,8 @@ def sglang_metadata(step: Any, *, pad_slot: int = 0) -> SglangMetadata:
     def build() -> SglangMetadata:
         checked: CheckedMetadata = step.checked
         size = geometry.page_size
-        slots = [
-            _slots(row, length, size)
+        slots = [  # local pages, so these are rows of the bound tensors
+            token_slots(row, range(length), size)
             for row, length in zip(_local_pages(checked, geometry), checked.seq_lens, strict=True)
         ]
         prefix = [

@@ -19,7 +19,7 @@ import torch
 
 from harness.core.contract import AttentionMetadata, Capabilities, LayerCache
 from harness.core.errors import CacheBindingError, Unsupported
-from harness.core.kv_pages import FP8_DTYPES, put_rows, take_rows
+from harness.core.kv_pages import FP8_DTYPES, put_rows, take_rows, token_slots
 from harness.core.validate import (
     CacheGeometry,
     CheckedMetadata,
@@ -372,9 +372,8 @@ class PagedBackendBase:
         the cache may be strided views with no flat form (see ``take_rows``).
         """
         geometry = self._require_bound()
-        size = geometry.page_size
-        base = geometry.page_offset * size
-        return [pages[p // size] * size + p % size - base for p in range(length)]
+        base = geometry.page_offset * geometry.page_size
+        return [slot - base for slot in token_slots(pages, range(length), geometry.page_size)]
 
 
 def _check_out_buffer(out: object, query: torch.Tensor) -> None:
