@@ -31,7 +31,7 @@ from harness.core.contract import Capabilities, LayerCache
 from harness.core.engine_metadata import sglang_metadata
 from harness.core.errors import Unsupported
 from harness.core.paged_base import PagedBackendBase, PreparedStep
-from harness.core.triton_mode import interpret_triton_here
+from harness.core.triton_mode import interpret_triton_here, triton_interprets
 from reference_backends.engine_modules import EngineMissing, load_engine_files, package_root
 
 KERNELS = "sglang.kernels.ops.attention"
@@ -41,7 +41,7 @@ MAX_KV_SPLITS = 8
 
 def _platform_probes() -> ModuleType:
     """``sglang.srt.utils`` as far as the kernel files use it."""
-    cuda = torch.cuda.is_available() and not interpret_triton_here()
+    cuda = torch.cuda.is_available() and not triton_interprets()  # reads; never chooses
 
     def cores(device: int = 0) -> int:
         return torch.cuda.get_device_properties(device).multi_processor_count if cuda else 1
@@ -95,10 +95,6 @@ class SglangTritonBackend(PagedBackendBase):
         super().__init__(**kwargs)
         if not _installed():
             raise Unsupported("sglang-triton needs sglang and triton: pip install --no-deps sglang")
-        try:
-            kernels()
-        except EngineMissing as exc:
-            raise Unsupported(f"sglang-triton: {exc}") from exc
 
     @classmethod
     def capabilities(cls) -> Capabilities:
@@ -124,6 +120,10 @@ class SglangTritonBackend(PagedBackendBase):
         assert value is not None
         if query.device.type == "cpu" and not interpret_triton_here():
             raise Unsupported("sglang-triton runs on the CPU only with TRITON_INTERPRET=1")
+        try:  # loaded at the first step, once its device has chosen how triton runs
+            engine = kernels()
+        except EngineMissing as exc:
+            raise Unsupported(f"sglang-triton: {exc}") from exc
         view = sglang_metadata(step)
         out = torch.empty_like(query)
         k_buffer, v_buffer = _flat(cache.key_nhd), _flat(cache.value_nhd)
@@ -142,13 +142,13 @@ class SglangTritonBackend(PagedBackendBase):
             lse = torch.empty(
                 rows, self.num_heads, MAX_KV_SPLITS, dtype=torch.float32, device=query.device
             )
-            kernels().decode(
+            engine.decode(
                 query, k_buffer, v_buffer, out, view.kv_indptr, view.kv_indices,
                 logits, lse, splits, MAX_KV_SPLITS, self.scale, 1.0, 1.0,
                 logit_cap=cap, sinks=sinks,
             )  # fmt: skip
             return out
-        kernels().extend(
+        engine.extend(
             query.contiguous(), key.contiguous(), value.contiguous(), out,
             k_buffer, v_buffer, view.qo_indptr, view.prefix_kv_indptr,
             view.prefix_kv_indices, None, step.checked.causal, None,
