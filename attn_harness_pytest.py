@@ -110,6 +110,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "(default: the profile's, 300 s)",
     )
     group.addoption(
+        "--interpreted-budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="seconds of examples each property test of an interpreted backend may spend; "
+        "an example whose predicted cost does not fit is reported as not checked "
+        "(default: the profile's, 6 s for ci, 60 s for thorough)",
+    )
+    group.addoption(
         "--examples",
         type=int,
         default=None,
@@ -339,6 +348,16 @@ def profile_for(entry: Any) -> Any:
     return session().profile_for(entry)
 
 
+def cost_ledger(entry: Any) -> Any:
+    """The run's ``CostLedger`` where ``entry`` runs interpreted, else ``None``."""
+    return session().cost_ledger(entry)
+
+
+def current_item() -> str:
+    """The running conformance test's shown name, with its parameters."""
+    return session().current_item()
+
+
 def sizing_notes() -> list[str]:
     """Header lines: backends left out of a default run, how interpreted ones are sized."""
     return session().sizing_notes()
@@ -494,6 +513,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.outcome, report.longrepr = "passed", None  # the fix held: green, not red
         report.sections.append(("replay", "the replayed example passes now: the fix held"))
         run.replay_held = True
+    reason = run.nothing_affordable(entry.name) if report.when == "call" and report.passed else None
+    if reason is not None:  # every example over the cost budget: not checked, not passed
+        report.outcome, report.longrepr = "skipped", (str(item.path), item.location[1] or 0, reason)
     module = getattr(item, "module", None)
     function = getattr(item, "originalname", item.name)
     run.record_outcome(entry.name, getattr(module, "__name__", None), function, report.outcome)

@@ -14,6 +14,8 @@ interpret_triton_here()
 
 
 import os  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -125,3 +127,28 @@ def _no_columns_from_xdist(monkeypatch: pytest.MonkeyPatch) -> None:
     """pytest-xdist sets ``COLUMNS=80`` in its workers; without it a test sees what a log
     or a pipe sees (no width asked). Tests about widths set ``COLUMNS`` themselves."""
     monkeypatch.delenv("COLUMNS", raising=False)
+
+
+@dataclass
+class Ran:
+    """What a command printed and returned, as ``subprocess.CompletedProcess`` has it."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def conform(capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``attn-harness conform ARGS`` run in this process: each run reads its own options."""
+    from harness.cli.main import main
+
+    monkeypatch.chdir(pathlib.Path(__file__).resolve().parents[1])
+
+    def run(*args: str) -> Ran:
+        capfd.readouterr()
+        code = main(["conform", *args])
+        out, err = capfd.readouterr()
+        return Ran(code, out, err)
+
+    return run

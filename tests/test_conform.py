@@ -8,9 +8,7 @@ import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -30,15 +28,6 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = "tests/fixtures/conform_backends.py"
 
 
-@dataclass
-class Ran:
-    """What a command printed and returned, as ``subprocess.CompletedProcess`` has it."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-
-
 def conform_subprocess(*args: str) -> subprocess.CompletedProcess[str]:
     """The CLI in a fresh interpreter: for what only a process boundary shows."""
     return subprocess.run(
@@ -49,20 +38,6 @@ def conform_subprocess(*args: str) -> subprocess.CompletedProcess[str]:
         timeout=600,
         check=False,
     )
-
-
-@pytest.fixture
-def conform(capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Any:
-    """``attn-harness conform ARGS`` run in this process: each run reads its own options."""
-    monkeypatch.chdir(ROOT)
-
-    def run(*args: str) -> Ran:
-        capfd.readouterr()
-        code = main(["conform", *args])
-        out, err = capfd.readouterr()
-        return Ran(code, out, err)
-
-    return run
 
 
 def run_pytest(*args: str) -> subprocess.CompletedProcess[str]:

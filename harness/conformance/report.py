@@ -128,19 +128,27 @@ def parse_replay(value: str) -> tuple[str, str, bytes]:
     return test, version, data
 
 
-def _cell(counts: Counter[str], examples: int) -> str:
+def _cell(counts: Counter[str], examples: int, unchecked: int = 0) -> str:
     runs = sum(counts.values())
     if counts["failed"]:
         return f"FAILED {counts['failed']}/{runs}" if runs > 1 else "FAILED"
+    left = f", {unchecked} not checked" if unchecked else ""
     if counts["passed"]:
         skipped = f", {counts['skipped']} unsupported" if counts["skipped"] else ""
         held = f"{examples} ex" if examples else _plural(counts["passed"], "case")
-        return f"passed ({held}){skipped}"
+        return f"passed ({held}{left}){skipped}"
+    if unchecked:
+        return f"not checked ({unchecked} over budget)"
     return "unsupported"
 
 
-def verdict_rows(verdicts: Verdicts, examples: dict[str, Counter[str]]) -> list[list[str]]:
-    """Header and one row per test function: a cell per backend (outcome, examples held)."""
+def verdict_rows(
+    verdicts: Verdicts,
+    examples: dict[str, Counter[str]],
+    unchecked: dict[str, Counter[str]] | None = None,
+) -> list[list[str]]:
+    """Header and one row per test function: a cell per backend (outcome, examples held,
+    examples an interpreted run's cost budget left unchecked)."""
     backends = list(verdicts.outcomes)
     functions: list[str] = []
     for tests in verdicts.outcomes.values():
@@ -151,7 +159,8 @@ def verdict_rows(verdicts: Verdicts, examples: dict[str, Counter[str]]) -> list[
         for backend in backends:
             counts = verdicts.outcomes[backend].get(function)
             held = examples.get(backend, Counter())[function]
-            cells.append("-" if counts is None else _cell(counts, held))
+            left = (unchecked or {}).get(backend, Counter())[function]
+            cells.append("-" if counts is None else _cell(counts, held, left))
         rows.append([function, *cells])
     return rows
 
@@ -264,9 +273,14 @@ def grouped_failure_lines(group: Any, every_failure: bool) -> list[str]:
 
 
 def closing_line(
-    verdicts: Verdicts, seconds: float, problems: list[str], replayed: str | None = None
+    verdicts: Verdicts,
+    seconds: float,
+    problems: list[str],
+    replayed: str | None = None,
+    not_checked: int = 0,
 ) -> str:
-    """The run's last line; ``replayed`` names a replayed test whose example passes now."""
+    """The run's last line; ``replayed`` names a replayed test whose example passes now,
+    ``not_checked`` counts examples an interpreted run's cost budget left out."""
     failed, tests = verdicts.count("failed"), verdicts.tests
     if replayed is not None and not failed and not problems:
         verdict = f"PASSED: the replayed example of {replayed} passes now (the fix held)"
@@ -277,7 +291,10 @@ def closing_line(
         verdict = "FAILED: " + "; ".join(problems)
     else:
         backends = ", ".join(verdicts.outcomes) or "no backend"
-        verdict = f"PASSED: every property held for {backends} ({_plural(tests, 'test')})"
+        left = (
+            f"; {_plural(not_checked, 'example')} not checked, over budget" if not_checked else ""
+        )
+        verdict = f"PASSED: every property held for {backends} ({_plural(tests, 'test')}{left})"
     return f"attn-harness conform: {verdict} in {seconds:.0f} s"
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import pkgutil
 import shlex
 import sys
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ class ConformanceOptions:
     device: str = "cpu"
     time_limit: float | None = None  # --example-time-limit, seconds
     examples: int | None = None  # --examples: per property test, instead of the profile's
+    interpreted_budget: float | None = None  # --interpreted-budget: seconds per test
     specs: tuple[str, ...] = ()  # --backend (empty: every registered backend on the device)
     replay: str | None = None  # --replay TEST[@VERSION:BLOB]
     cli: bool = False  # run by `attn-harness conform`: replay commands name that command
@@ -39,6 +41,8 @@ class ConformanceOptions:
             raise ValueError(f"unknown profile {self.profile!r}; choose from {PROFILE_NAMES}")
         if self.examples is not None and self.examples < 1:
             raise ValueError(f"--examples must be >= 1, got {self.examples}")
+        if self.interpreted_budget is not None and not self.interpreted_budget > 0:
+            raise ValueError(f"--interpreted-budget must be > 0, got {self.interpreted_budget:g}")
 
     @classmethod
     def from_namespace(cls, options: Any) -> ConformanceOptions:
@@ -48,6 +52,7 @@ class ConformanceOptions:
             device=options.conformance_device,
             time_limit=options.example_time_limit,
             examples=options.examples,
+            interpreted_budget=getattr(options, "interpreted_budget", None),
             specs=tuple(getattr(options, "backend", None) or ()),
             replay=getattr(options, "replay", None),
             cli=bool(getattr(options, "conformance_cli", False)),
@@ -74,6 +79,7 @@ class ConformanceSession:
     not_claiming: list[str] = field(default_factory=list)
     coverage: Any = None  # CoverageLog, made at the first example counted
     evidence: Any = None  # triage.TriageLog: every labelled example, held or failed
+    cost: Any = None  # cost_budget.CostLedger of the interpreted backends, made when first asked
     verdicts: Any = None  # report.Verdicts
     reporter: Any = None  # the compact reporter, when the run uses it
     current_test: str | None = None  # the conformance test running now (coverage counts it)
@@ -137,6 +143,8 @@ class ConformanceSession:
             profile = replace(profile, example_time_limit_s=self.options.time_limit)
         if self.options.examples is not None:
             profile = profile.with_examples(self.options.examples)
+        if self.options.interpreted_budget is not None:
+            profile = replace(profile, interpreted_test_s=self.options.interpreted_budget)
         return profile
 
     def default_examples(self) -> int:
@@ -157,6 +165,43 @@ class ConformanceSession:
             self._profiles[interpreted] = profile.interpreted() if interpreted else profile
         return self._profiles[interpreted]
 
+    def cost_ledger(self, entry: Any) -> Any:
+        """The run's ``cost_budget.CostLedger`` where ``entry`` runs interpreted, else ``None``."""
+        if not self.interpreted_here(entry):
+            return None
+        if self.cost is None:
+            from harness.conformance.cost_budget import CostLedger
+
+            self.cost = CostLedger(self.profile_for(entry).test_budget_s)
+        return self.cost
+
+    def current_item(self) -> str:
+        """The running test's shown name, its parameters included (a budget is per item)."""
+        test = self.current_test or ""
+        return f"{test}[{self.current_case}]" if self.current_case else test
+
+    def not_checked_counts(self) -> dict[str, Counter[str]]:
+        """Per backend, per test function: examples the cost budget left unchecked."""
+        counts: dict[str, Counter[str]] = {}
+        for skipped in self.cost.skipped if self.cost is not None else []:
+            function = skipped.test.partition("[")[0]
+            counts.setdefault(skipped.backend, Counter())[function] += 1
+        return counts
+
+    def nothing_affordable(self, backend: str) -> str | None:
+        """Why the running test checked nothing, when the cost budget refused its every example."""
+        if self.cost is None:
+            return None
+        item = self.current_item()
+        left = [n for n in self.cost.not_checked(backend) if n.test == item]
+        if not left or self.cost.checked_in(backend, item):
+            return None
+        cheapest = min(n.seconds for n in left)
+        return (
+            f"Skipped: not checked: none of its {len(left)} example(s) fit the interpreted "
+            f"budget of {self.cost.test_budget_s:g} s (the cheapest about {cheapest:.0f} s)"
+        )
+
     def sizing_notes(self) -> list[str]:
         """Header lines: backends left out of a default run, and how interpreted ones are sized."""
         entries = self.selected_entries()  # fills not_claiming
@@ -172,8 +217,9 @@ class ConformanceSession:
                     f"{entry.name} runs interpreted on {self.device}: profile {profile.name}, "
                     f"{profile.settings.max_examples} examples per property "
                     f"(of {self.profile().settings.max_examples}) on smaller shapes, "
-                    f"{profile.production_examples} per production regime; coverage is "
-                    "reported, not required"
+                    f"{profile.production_examples} per production regime, at most "
+                    f"{profile.test_budget_s:g} s of examples per test (by predicted cost); "
+                    "coverage is reported, not required"
                 )
         return notes
 
@@ -385,6 +431,12 @@ class ConformanceSession:
             )
         return lines
 
+    def cost_lines(self) -> list[str]:
+        """What the interpreted backends' cost budget left unchecked, one line per backend."""
+        if self.cost is None:
+            return []
+        return list(self.cost.summary_lines(self.profile().name + " (interpreted)"))
+
     def problems(self) -> list[tuple[str, str]]:
         """Why a run whose tests passed still fails, as (what, what it means)."""
         problems = []
@@ -431,7 +483,7 @@ class ConformanceSession:
         if not self.verdicts.outcomes:
             return []
         examples = {name: cover.examples for name, cover in self.coverage_log().backends.items()}
-        rows = verdict_rows(self.verdicts, examples)
+        rows = verdict_rows(self.verdicts, examples, self.not_checked_counts())
         width = terminal_width()
         table = (fitted(rows, width) if width < UNWRAPPED else None) or aligned(rows)
         lines = ["", *table]
@@ -482,9 +534,16 @@ class ConformanceSession:
         if self.coverage is not None:
             coverage.append(f"  ({full})")
         lines = [*self.verdict_lines(every_failure=False), "", *coverage]
+        lines += self.cost_lines()
         lines += self.problem_lines(problems)
         replayed = self.replay[0] if self.replay_held and self.replay is not None else None
         return [
             *lines,
-            closing_line(self.verdicts, seconds, [what for what, _ in problems], replayed),
+            closing_line(
+                self.verdicts,
+                seconds,
+                [what for what, _ in problems],
+                replayed,
+                not_checked=0 if self.cost is None else len(self.cost.skipped),
+            ),
         ]

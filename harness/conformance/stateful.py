@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
@@ -37,6 +38,7 @@ from hypothesis.stateful import (
 )
 
 from harness.conformance.claim_coverage import StatefulRun, claim_summary
+from harness.conformance.cost_budget import TestCosts, step_work
 from harness.conformance.rank_steps import RankSteps
 from harness.conformance.strategies import Budget, geometries, spec_query_lens
 from harness.core.batches import BatchBuilder
@@ -79,8 +81,15 @@ def conformance_machine(
     *,
     on_step: Callable[[Scenario], None] | None = None,
     on_run: Callable[[StatefulRun], None] | None = None,
+    costs: TestCosts | None = None,
 ) -> type[RuleBasedStateMachine]:
-    """A state machine class bound to ``entry``, drawing inside its capabilities."""
+    """A state machine class bound to ``entry``, drawing inside its capabilities.
+
+    With ``costs`` (a backend that runs interpreted), a step whose predicted
+    cost does not fit what is left of the test's budget is not taken: neither
+    the backend nor the harness's model of the pool moves, so every later
+    step stays consistent, and the run counts it under ``skipped``.
+    """
     caps = entry.capabilities
     max_dp = min(budget.max_dp_size, caps.max_dp_size or budget.max_dp_size, MAX_STATEFUL_DP)
     max_dp = max_dp if entry.accepts_dp else 1
@@ -293,11 +302,22 @@ def conformance_machine(
             pad_to = None
             if caps.graph_mode and data.draw(st.booleans(), label="graph"):
                 pad_to = len(requests) + data.draw(st.integers(0, 2))
+            g = self.group
+            queries = [q for _, q in requests]
+            work = step_work(
+                g.num_layers, g.num_heads, queries, [rank.cached_len(s) + q for s, q in requests]
+            )
+            if costs is not None and not costs.admit(work, f"a stateful step of {queries}"):
+                self.run.skipped["step: over the interpreted budget"] += 1
+                return
+            start = time.perf_counter()
             try:
                 built = self._call(partial(rank.step, requests, pad_to=pad_to))
             except OutOfPages:
                 self.run.skipped["step: rank out of pages"] += 1
                 return
+            if costs is not None:
+                costs.charge(work, time.perf_counter() - start)
             self.run.steps += 1
             for seq_id, _ in requests:
                 if rank.cached_len(seq_id) >= self.finish[rank.name, seq_id]:

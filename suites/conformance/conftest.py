@@ -3,6 +3,7 @@ a backend's claim, and skipping what a backend declares it cannot do."""
 
 from __future__ import annotations
 
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -14,7 +15,9 @@ from hypothesis import strategies as st
 
 from attn_harness_pytest import (
     backend_entry_of,
+    cost_ledger,
     current_device,
+    current_item,
     current_profile,
     keep_hypothesis_files_out_of_the_working_directory,
     profile_for,
@@ -23,6 +26,7 @@ from attn_harness_pytest import (
     session,
 )
 from harness.conformance.claim_coverage import claim_summary
+from harness.conformance.cost_budget import scenarios_work
 from harness.conformance.properties import PropertyFailure
 from harness.conformance.step_strategies import (
     multi_rank_scenarios,
@@ -174,8 +178,47 @@ def check(prop: Callable[..., None], entry: BackendEntry, *args: Any) -> None:
     failure is re-raised as text, detached from the frames that raised it:
     hypothesis keeps every distinct failure while it shrinks, and their
     frames hold the step's caches (hundreds of MB on a production shape).
+
+    A backend that runs interpreted is sized by cost instead: an example whose
+    predicted cost does not fit what is left of the test's budget, or that
+    overruns its deadline, is recorded as not checked and returns, since the
+    profile chose a shape the run cannot afford (``cost_budget``).
     """
-    limit = current_profile().example_time_limit_s
+    ledger = cost_ledger(entry)
+    if ledger is not None:
+        _check_within_budget(ledger, prop, entry, *args)
+        return
+    _check(prop, entry, current_profile().example_time_limit_s, *args)
+
+
+def _check_within_budget(
+    ledger: Any, prop: Callable[..., None], entry: BackendEntry, *args: Any
+) -> None:
+    scenarios = _scenarios((entry, *args))
+    costs = ledger.for_test(entry.name, current_item())
+    work = scenarios_work(scenarios)
+    shown = "; ".join(s.describe() for s in scenarios[:2])
+    if not costs.admit(work, shown):
+        return
+    limit = min(current_profile().example_time_limit_s, costs.deadline_s())
+    start = time.perf_counter()
+    try:
+        _check(prop, entry, limit, *args, overrun_fails=False)
+    except ExampleTimeout:
+        costs.overran(work, time.perf_counter() - start, shown)
+        return
+    costs.charge(work, time.perf_counter() - start)
+
+
+def _check(
+    prop: Callable[..., None],
+    entry: BackendEntry,
+    limit: float,
+    *args: Any,
+    overrun_fails: bool = True,
+) -> None:
+    """Run ``prop`` once under ``limit``; an overrun is the triage's evidence of a
+    failure only where it fails the test (``overrun_fails``)."""
     failure: BaseException | None = None
     args = (entry, *args)
     try:
@@ -198,6 +241,7 @@ def check(prop: Callable[..., None], entry: BackendEntry, *args: Any) -> None:
             f"{prop.__name__} crashed: {type(exc).__name__}: {exc}{_shapes(args)}\n{where}"
         )
     if failure is not None:
-        record_failed_example(entry.name, _scenarios(args))
+        if overrun_fails or not isinstance(failure, ExampleTimeout):
+            record_failed_example(entry.name, _scenarios(args))
         raise failure
     record_examples(entry.name, _scenarios(args))  # an example that held

@@ -7,19 +7,28 @@ coverage table.
 
 from hypothesis import settings
 
-from attn_harness_pytest import profile_for, record_examples, record_run, replayable
+from attn_harness_pytest import (
+    cost_ledger,
+    current_item,
+    profile_for,
+    record_examples,
+    record_run,
+    replayable,
+)
 from harness.conformance.stateful import conformance_machine, run_machine
 from suites.conformance.conftest import current_device
 
 
 def test_stateful_steps(backend_entry) -> None:
     profile = profile_for(backend_entry)
+    ledger = cost_ledger(backend_entry)  # interpreted: steps cut by their predicted cost
     machine = conformance_machine(
         backend_entry,
         profile.budget,
         current_device(),
         on_step=lambda scenario: record_examples(backend_entry.name, [scenario], example=False),
         on_run=lambda run: record_run(backend_entry.name, run),
+        costs=None if ledger is None else ledger.for_test(backend_entry.name, current_item()),
     )
     run_machine(
         replayable(machine),

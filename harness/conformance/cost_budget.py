@@ -1,0 +1,180 @@
+"""What an interpreted backend's examples cost, and which ones a run can afford.
+
+Under Triton's interpreter every kernel program runs as Python, one tile at
+a time, so an example costs about (programs x tiles) times a per-kernel
+constant: a kernel with more programs per step (split-KV decode, a grid per
+query block) pays many times what the built-in ``triton`` backend pays for
+the same draw. Sizing an interpreted run by example counts alone lets such a
+kernel run for hours, and reports the harness's own sizing as the backend's
+failure when a production-size draw overruns the per-example limit.
+
+So an interpreted run is sized by cost. ``step_work`` counts a step's tiles
+(programs x tiles, for any tiling: the per-kernel constant is fitted, not
+assumed); a ``CostMeter`` fits seconds per tile on the backend's own first
+examples of each test; ``CostLedger.admit`` lets an example run only when its
+predicted cost fits what is left of the test's time budget. An example the
+run cannot afford, or one that overran its deadline, is *not checked*: the
+verdict table and the closing lines say how many, and what the largest would
+have cost. It is never reported as the backend failing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+QUERY_TILE = 16
+KEY_TILE = 32
+
+
+def step_work(
+    num_layers: int,
+    num_heads: int,
+    query_lens: Sequence[int],
+    context_lens: Sequence[int],
+) -> int:
+    """Tiles one step costs an interpreted kernel: a launch per layer, then per head
+    and sequence one tile per (query block x key block)."""
+    tiles = sum(
+        math.ceil(max(q, 1) / QUERY_TILE) * math.ceil(max(c, 1) / KEY_TILE)
+        for q, c in zip(query_lens, context_lens, strict=True)
+    )
+    return num_layers * (1 + num_heads * tiles)
+
+
+def scenarios_work(scenarios: Iterable[object]) -> int:
+    """``step_work`` summed over an example's steps (every rank's, every layer's)."""
+    return sum(
+        step_work(s.num_layers, s.num_heads, s.query_lens, s.context_lens)  # type: ignore[attr-defined]
+        for s in scenarios
+    )
+
+
+@dataclass
+class CostMeter:
+    """Seconds per tile, fitted on the examples measured so far (a ratio of sums:
+    the large examples, whose cost the prediction is for, dominate it)."""
+
+    seconds: float = 0.0
+    work: int = 0
+
+    def observe(self, work: int, seconds: float) -> None:
+        self.seconds += seconds
+        self.work += max(work, 1)
+
+    def predict(self, work: int) -> float | None:
+        """Seconds ``work`` tiles would take; ``None`` before any measurement."""
+        return None if self.work == 0 else self.seconds / self.work * max(work, 1)
+
+
+@dataclass(frozen=True)
+class NotChecked:
+    """One example an interpreted run did not check, and why."""
+
+    backend: str
+    test: str  # the test's shown name, parameters included
+    seconds: float  # its predicted cost, or how long it ran before the deadline
+    timed_out: bool  # it ran and overran the deadline (else: predicted over the budget)
+    scenario: str
+
+
+@dataclass
+class CostLedger:
+    """One run's costs per backend and per test, and the examples it left unchecked."""
+
+    test_budget_s: float  # seconds of examples one property test may spend
+    meters: dict[tuple[str, str], CostMeter] = field(default_factory=dict)
+    spent: dict[tuple[str, str], float] = field(default_factory=dict)
+    checked: dict[tuple[str, str], int] = field(default_factory=dict)
+    skipped: list[NotChecked] = field(default_factory=list)
+
+    def _meter(self, backend: str, test: str) -> CostMeter:
+        """The test's own meter once it has one example; before, the backend's."""
+        own = self.meters.get((backend, test))
+        if own is not None and own.work:
+            return own
+        return self.meters.setdefault((backend, ""), CostMeter())
+
+    def left(self, backend: str, test: str) -> float:
+        return self.test_budget_s - self.spent.get((backend, test), 0.0)
+
+    def deadline_s(self, backend: str, test: str) -> float:
+        """How long the next example may run: what is left, never under a quarter
+        of the budget (an example that is cheap as predicted finishes well inside)."""
+        return max(self.left(backend, test), self.test_budget_s / 4)
+
+    def admit(self, backend: str, test: str, work: int, scenario: str) -> bool:
+        """Whether an example of ``work`` tiles fits what is left of the test's budget.
+
+        The first example a backend ever runs has no prediction and runs; one
+        refused is recorded as not checked, with its predicted cost.
+        """
+        predicted = self._meter(backend, test).predict(work)
+        if predicted is None or predicted <= self.left(backend, test):
+            return True
+        self.skipped.append(NotChecked(backend, test, predicted, False, scenario))
+        return False
+
+    def charge(self, backend: str, test: str, work: int, seconds: float) -> None:
+        """An example ran to the end in ``seconds``: spend them, and fit the meters on them."""
+        key = (backend, test)
+        self.spent[key] = self.spent.get(key, 0.0) + seconds
+        self.checked[key] = self.checked.get(key, 0) + 1
+        self.meters.setdefault(key, CostMeter()).observe(work, seconds)
+        self.meters.setdefault((backend, ""), CostMeter()).observe(work, seconds)
+
+    def overran(self, backend: str, test: str, work: int, seconds: float, scenario: str) -> None:
+        """An example hit its deadline: not checked; what it cost so far teaches the meters."""
+        key = (backend, test)
+        self.spent[key] = self.spent.get(key, 0.0) + seconds
+        self.meters.setdefault(key, CostMeter()).observe(work, seconds)
+        self.meters.setdefault((backend, ""), CostMeter()).observe(work, seconds)
+        self.skipped.append(NotChecked(backend, test, seconds, True, scenario))
+
+    def for_test(self, backend: str, test: str) -> TestCosts:
+        """This ledger as one test of one backend sees it."""
+        return TestCosts(self, backend, test)
+
+    def checked_in(self, backend: str, test: str) -> int:
+        return self.checked.get((backend, test), 0)
+
+    def not_checked(self, backend: str) -> list[NotChecked]:
+        return [n for n in self.skipped if n.backend == backend]
+
+    def summary_lines(self, profile: str) -> list[str]:
+        """One line per backend that left examples unchecked: how many, the costliest."""
+        lines = []
+        for backend in sorted({n.backend for n in self.skipped}):
+            left = self.not_checked(backend)
+            worst = max(left, key=lambda n: n.seconds)
+            overran = sum(n.timed_out for n in left)
+            ran_out = f", {overran} of them stopped at their deadline" if overran else ""
+            lines.append(
+                f"attn-harness: {len(left)} example(s) of {backend!r} not checked: over the "
+                f"{profile} profile's {self.test_budget_s:g} s per property test{ran_out}; "
+                f"the costliest, {worst.seconds:.0f} s in {worst.test}: {worst.scenario}"
+            )
+        return lines
+
+
+@dataclass(frozen=True)
+class TestCosts:
+    """One test's share of a ``CostLedger``: what the suite's checks and the stateful
+    machine call around each example (or each step)."""
+
+    ledger: CostLedger
+    backend: str
+    test: str
+
+    def admit(self, work: int, scenario: str) -> bool:
+        return self.ledger.admit(self.backend, self.test, work, scenario)
+
+    def deadline_s(self) -> float:
+        return self.ledger.deadline_s(self.backend, self.test)
+
+    def charge(self, work: int, seconds: float) -> None:
+        self.ledger.charge(self.backend, self.test, work, seconds)
+
+    def overran(self, work: int, seconds: float, scenario: str) -> None:
+        self.ledger.overran(self.backend, self.test, work, seconds, scenario)

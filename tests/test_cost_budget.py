@@ -1,0 +1,121 @@
+"""An interpreted backend's run sized by what its examples cost, not by how many there are."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.conformance.cost_budget import CostLedger, CostMeter, scenarios_work, step_work
+from harness.conformance.profiles import get_profile
+from harness.conformance.session import ConformanceOptions, ConformanceSession
+from harness.core.registry import BackendEntry
+from harness.numerics.scenario import Scenario
+from reference_backends import SdpaBackend, TritonBackend
+from tests.test_conform import EXIT_FAILED, EXIT_OK, EXIT_USAGE, FIXTURES
+
+
+def test_step_work_counts_tiles_per_head_and_layer():
+    assert step_work(1, 1, [1], [1]) == 1 + 1  # a launch and one tile
+    assert step_work(1, 1, [1], [32]) == step_work(1, 1, [1], [1])  # one key tile holds 32
+    assert step_work(1, 1, [1], [33]) == 1 + 2
+    assert step_work(1, 1, [17], [64]) == 1 + 2 * 2  # two query tiles of 16, two key tiles
+    assert step_work(2, 4, [1, 1], [40, 8]) == 2 * (1 + 4 * (2 + 1))
+
+
+def test_scenarios_work_sums_every_step():
+    one = Scenario(context_lens=(40,), query_lens=(1,), num_heads=4, num_layers=2)
+    assert scenarios_work([one]) == step_work(2, 4, [1], [40])
+    assert scenarios_work([one, one]) == 2 * scenarios_work([one])
+
+
+def test_the_meter_predicts_nothing_before_it_has_measured():
+    meter = CostMeter()
+    assert meter.predict(100) is None
+    meter.observe(100, 2.0)
+    meter.observe(300, 6.0)
+    assert meter.predict(50) == pytest.approx(1.0)  # 0.02 s per tile, fitted on both
+
+
+def test_the_ledger_admits_what_fits_and_records_the_rest():
+    ledger = CostLedger(test_budget_s=10.0)
+    assert ledger.admit("k", "t", 100, "first")  # no prediction yet: it runs
+    ledger.charge("k", "t", 100, 4.0)  # 0.04 s per tile; 6 s left
+    assert ledger.admit("k", "t", 140, "fits")  # 5.6 s predicted
+    assert not ledger.admit("k", "t", 200, "too big")  # 8 s predicted
+    assert ledger.checked_in("k", "t") == 1
+    (skipped,) = ledger.not_checked("k")
+    assert (skipped.test, skipped.seconds, skipped.timed_out) == ("t", pytest.approx(8.0), False)
+    assert ledger.admit("k", "other", 200, "a new test has its own budget")
+
+
+def test_an_overrun_is_not_checked_and_teaches_the_meter():
+    ledger = CostLedger(test_budget_s=10.0)
+    ledger.overran("k", "t", 10, 5.0, "hung")
+    assert ledger.checked_in("k", "t") == 0
+    assert ledger.not_checked("k")[0].timed_out
+    assert not ledger.admit("k", "t", 20, "predicted at 10 s, 5 s left")
+    (line,) = ledger.summary_lines("ci (interpreted)")
+    assert "2 example(s) of 'k' not checked" in line
+    assert "1 of them stopped at their deadline" in line
+    assert "the costliest, 10 s in t: predicted at 10 s" in line
+
+
+def test_the_deadline_is_what_is_left_but_never_under_a_quarter_of_the_budget():
+    ledger = CostLedger(test_budget_s=8.0)
+    assert ledger.deadline_s("k", "t") == 8.0
+    ledger.charge("k", "t", 1, 7.5)
+    assert ledger.deadline_s("k", "t") == 2.0
+
+
+def test_only_a_backend_interpreted_on_the_device_gets_a_ledger():
+    run = ConformanceSession(ConformanceOptions(profile="ci", device="cpu"))
+    assert run.cost_ledger(BackendEntry("sdpa", SdpaBackend, "built-in")) is None
+    ledger = run.cost_ledger(BackendEntry("triton", TritonBackend, "built-in"))
+    assert ledger.test_budget_s == get_profile("ci").interpreted_test_s
+    bigger = ConformanceSession(ConformanceOptions(device="cpu", interpreted_budget=30.0))
+    assert bigger.cost_ledger(BackendEntry("triton", TritonBackend, "built-in")).test_budget_s == 30
+
+
+def test_a_bad_budget_is_a_usage_error(conform):
+    result = conform("--backend", "reference", "--", "--interpreted-budget", "0")
+    assert result.returncode == EXIT_USAGE
+    assert "--interpreted-budget must be > 0" in result.stdout + result.stderr
+
+
+def test_a_slow_interpreted_backend_leaves_examples_unchecked_and_says_so(conform):
+    result = conform(
+        "--backend",
+        f"{FIXTURES}:SlowInterpreted",
+        "--",
+        "--interpreted-budget",
+        "1",
+        "-k",
+        "test_outputs_match_oracle or test_second_run_is_bit_identical",
+    )
+    out = result.stdout
+    assert result.returncode == EXIT_OK, out[-3000:]
+    assert "at most 1 s of examples per test" in out  # the header says how it is sized
+    table = out[out.index("property ") :]
+    assert "not checked" in table
+    assert "example(s) of 'tests/fixtures/conform_backends.py:SlowInterpreted' not checked" in out
+    assert "FAILED" not in out
+    assert "not checked, over budget" in out.splitlines()[-1]  # the verdict says it too
+
+
+def test_an_interpreted_example_past_its_deadline_is_not_checked_not_failed(conform):
+    result = conform(
+        "--backend",
+        f"{FIXTURES}:InterpretedHangs",
+        "--",
+        "--interpreted-budget",
+        "2",
+        "-k",
+        "test_outputs_match_oracle or test_second_run_is_bit_identical",
+    )
+    out = result.stdout
+    assert "ExampleTimeout" not in out, out[-3000:]
+    assert "stopped at their deadline" in out, out[-3000:]
+    table = out[out.index("property ") :]
+    assert "not checked (" in table  # every example over budget: the test checked nothing
+    assert "passed" not in table
+    assert "nothing could be checked" in out  # and a run that checked nothing fails
+    assert result.returncode == EXIT_FAILED, out[-3000:]
