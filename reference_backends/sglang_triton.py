@@ -125,11 +125,12 @@ class SglangTritonBackend(PagedBackendBase):
         except EngineMissing as exc:
             raise Unsupported(f"sglang-triton: {exc}") from exc
         view = sglang_metadata(step)
+        query = query.contiguous()  # the kernels take a row stride and a head stride only
         out = torch.empty_like(query)
         k_buffer, v_buffer = _flat(cache.key_nhd), _flat(cache.value_nhd)
         variant = self.variant
         cap = variant.logits_soft_cap or 0.0
-        sinks = variant.sinks
+        sinks = self.per_head("sinks", query.device)
         lengths = step.checked.query_lens
         decoding = all(q == 1 for q in lengths)  # a one-token query sees every key either way
         if decoding:
@@ -149,7 +150,7 @@ class SglangTritonBackend(PagedBackendBase):
             )  # fmt: skip
             return out
         engine.extend(
-            query.contiguous(), key.contiguous(), value.contiguous(), out,
+            query, key.contiguous(), value.contiguous(), out,
             k_buffer, v_buffer, view.qo_indptr, view.prefix_kv_indptr,
             view.prefix_kv_indices, None, step.checked.causal, None,
             max(view.max_len_extend, 1), 1.0, 1.0,

@@ -284,17 +284,15 @@ class TritonBackend(PagedBackendBase):
         return max(1, min(most, math.ceil(programs / max(1, items * self.num_kv_heads))))
 
     def _per_head(self, which: str, device: torch.device) -> torch.Tensor:
-        """The variant's ``sinks`` or ``alibi_slopes`` as float32 on ``device``, made once.
-
-        A one-element dummy when the variant has none (the kernels take a pointer anyway).
-        """
-        cached: dict[tuple[str, torch.device], torch.Tensor] = self.__dict__.setdefault(
-            "_per_head_tensors", {}
-        )
-        if (which, device) not in cached:
-            values = getattr(self.variant, which) or (0.0,)
-            cached[which, device] = torch.tensor(values, dtype=torch.float32, device=device)
-        return cached[which, device]
+        """``per_head(which)``, or a one-element dummy when the variant has none (the
+        kernels take a pointer anyway)."""
+        values = self.per_head(which, device)
+        if values is not None:
+            return values
+        dummies: dict[torch.device, torch.Tensor] = self.__dict__.setdefault("_dummies", {})
+        if device not in dummies:
+            dummies[device] = torch.zeros(1, dtype=torch.float32, device=device)
+        return dummies[device]
 
     # -- forward: launches only ---------------------------------------------
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from harness.conformance.properties import bits
+from harness.conformance.strategies import claimed_head_dims, claimed_page_sizes
 from harness.core.contract import Capabilities
 from harness.core.dtypes import dtype_name
 from harness.core.errors import Unsupported
@@ -98,14 +99,14 @@ def quick_coverage(caps: Capabilities) -> Coverage:
     A backend that runs interpreted on the CPU (an interpreter costs
     milliseconds per kernel program) gets dp_size up to 2 and one layer.
     """
-    page_sizes = DEFAULT_PAGE_SIZES if caps.page_sizes is None else caps.page_sizes
-    head_dims = DEFAULT_HEAD_DIMS if caps.head_dims is None else caps.head_dims
+    page_sizes = claimed_page_sizes(caps, DEFAULT_PAGE_SIZES)
+    head_dims = claimed_head_dims(caps, DEFAULT_HEAD_DIMS)
     interpreted = "cpu" in caps.interpreted_devices
     most_dp = 2 if interpreted else 3
     return Coverage(
         page_sizes=tuple(dict.fromkeys(page_sizes)),
         head_dims=tuple(dict.fromkeys(head_dims)),
-        dtypes=tuple(caps.dtypes),
+        dtypes=caps.dtypes_on("cpu"),
         max_dp=most_dp if caps.max_dp_size is None else min(most_dp, caps.max_dp_size),
         interpreted=interpreted,
     )

@@ -23,6 +23,12 @@ from typing import Any
 import torch
 
 from harness.conformance.production_shapes import LARGE_DP_SIZES, CostLimit
+from harness.conformance.strategies import (
+    HEAD_DIMS,
+    PAGE_SIZES,
+    claimed_head_dims,
+    claimed_page_sizes,
+)
 from harness.core.contract import Capabilities
 from harness.core.dtypes import dtype_name
 from harness.core.kv_pages import PoolLayout, pages_needed
@@ -228,8 +234,8 @@ def _reachable_dp_sizes(caps: Capabilities, dp_aware: bool, max_dp_size: int) ->
 
 def _longest_reachable_context(caps: Capabilities, limit: CostLimit) -> int:
     """The longest context the production draws can afford with the cheapest claimed shape."""
-    head_dim = min(caps.head_dims or (8,))
-    page = min(caps.page_sizes or (1,))
+    head_dim = min(claimed_head_dims(caps, (8,)))
+    page = min(claimed_page_sizes(caps, (1,)))
     longest = limit.cache_elements // head_dim  # one KV head
     longest -= longest % page  # whole pages
     if caps.max_seq_len is not None:
@@ -240,8 +246,8 @@ def _longest_reachable_context(caps: Capabilities, limit: CostLimit) -> int:
 def _reachable_tokens(caps: Capabilities, limit: CostLimit) -> int:
     """The most new tokens in one step the token-budget draws afford: 64-token prefills, one
     KV head of the smallest claimed head dim (``harness.conformance.strategies``)."""
-    head_dim = min(caps.head_dims or (8,))
-    page = min(caps.page_sizes or (1,))
+    head_dim = min(claimed_head_dims(caps, (8,)))
+    page = min(claimed_page_sizes(caps, (1,)))
     if (caps.max_seq_len or 64) < 64:
         return 0
     slots = pages_needed(64, page) * page
@@ -262,6 +268,7 @@ def requirements(
     max_context: int,
     limit: CostLimit,
     large_pool: bool = False,
+    device: str = "cpu",
 ) -> list[Requirement]:
     """Values of each dimension the ``ci`` and ``thorough`` profiles reach inside ``caps``.
 
@@ -272,7 +279,7 @@ def requirements(
     offsets as far as the dtypes hold; a pool past 2^31 elements where
     ``large_pool`` says this machine can hold one.
     """
-    wanted = [_exactly("dtype", dtype_name(d)) for d in caps.dtypes]
+    wanted = [_exactly("dtype", dtype_name(d)) for d in caps.dtypes_on(device)]
     dp_sizes = _reachable_dp_sizes(caps, dp_aware, max_dp_size)
     for low, high in DP_BUCKETS:
         if any(low <= d <= (high or d) for d in dp_sizes):
@@ -281,16 +288,18 @@ def requirements(
     positions += ["middle"] if max(dp_sizes) >= 3 else []
     wanted += [_exactly("rank", p) for p in positions]
     wanted += [_exactly("layout", layout.value) for layout in PoolLayout]
-    if caps.page_sizes is not None:
-        wanted += [_exactly("page_size", str(p)) for p in _representative(caps.page_sizes)]
+    if caps.page_sizes is not None or caps.page_size_multiple > 1:  # the values drawn
+        drawn = claimed_page_sizes(caps, PAGE_SIZES)
+        wanted += [_exactly("page_size", str(p)) for p in _representative(drawn)]
     else:
         wanted += [
             _exactly("page_size", "1"),
             Requirement("page_size", "not a power of two", lambda p: not _is_power_of_two(int(p))),
             Requirement("page_size", ">= 32", lambda p: int(p) >= 32),
         ]
-    if caps.head_dims is not None:
-        wanted += [_exactly("head_dim", str(d)) for d in _representative(caps.head_dims)]
+    if caps.head_dims is not None or caps.head_dim_multiple > 1 or caps.min_head_dim > 1:
+        drawn = claimed_head_dims(caps, HEAD_DIMS)
+        wanted += [_exactly("head_dim", str(d)) for d in _representative(drawn)]
     else:
         wanted += [
             Requirement("head_dim", "not a multiple of 8", lambda d: int(d) % 8 != 0),
@@ -330,7 +339,7 @@ def requirements(
     wanted.append(_exactly("padding", "none"))
     if caps.graph_mode:
         wanted.append(_exactly("padding", "graph-padded"))
-    smallest_page = min(caps.page_sizes or (1,))
+    smallest_page = min(claimed_page_sizes(caps, (1,)))
     if pages_needed(max_context, smallest_page) >= 3:  # two sequences can share a whole page
         wanted.append(_exactly("shared_prefix", "shared"))
     wanted += [_exactly("views", v) for v in ("dense", "strided")]

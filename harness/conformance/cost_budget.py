@@ -21,6 +21,7 @@ have cost. It is never reported as the backend failing.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -77,6 +78,7 @@ class NotChecked:
     seconds: float  # its predicted cost, or how long it ran before the deadline
     timed_out: bool  # it ran and overran the deadline (else: predicted over the budget)
     scenario: str
+    kind: str = "example"  # or "stateful step": the state machine is cut step by step
 
 
 @dataclass
@@ -104,7 +106,9 @@ class CostLedger:
         of the budget (an example that is cheap as predicted finishes well inside)."""
         return max(self.left(backend, test), self.test_budget_s / 4)
 
-    def admit(self, backend: str, test: str, work: int, scenario: str) -> bool:
+    def admit(
+        self, backend: str, test: str, work: int, scenario: str, kind: str = "example"
+    ) -> bool:
         """Whether an example of ``work`` tiles fits what is left of the test's budget.
 
         The first example a backend ever runs has no prediction and runs; one
@@ -113,7 +117,7 @@ class CostLedger:
         predicted = self._meter(backend, test).predict(work)
         if predicted is None or predicted <= self.left(backend, test):
             return True
-        self.skipped.append(NotChecked(backend, test, predicted, False, scenario))
+        self.skipped.append(NotChecked(backend, test, predicted, False, scenario, kind))
         return False
 
     def charge(self, backend: str, test: str, work: int, seconds: float) -> None:
@@ -150,8 +154,10 @@ class CostLedger:
             worst = max(left, key=lambda n: n.seconds)
             overran = sum(n.timed_out for n in left)
             ran_out = f", {overran} of them stopped at their deadline" if overran else ""
+            kinds = Counter(n.kind for n in left)
+            what = " and ".join(f"{count} {kind}(s)" for kind, count in sorted(kinds.items()))
             lines.append(
-                f"attn-harness: {len(left)} example(s) of {backend!r} not checked: over the "
+                f"attn-harness: {what} of {backend!r} not checked: over the "
                 f"{profile} profile's {self.test_budget_s:g} s per property test{ran_out}; "
                 f"the costliest, {worst.seconds:.0f} s in {worst.test}: {worst.scenario}"
             )
@@ -167,8 +173,8 @@ class TestCosts:
     backend: str
     test: str
 
-    def admit(self, work: int, scenario: str) -> bool:
-        return self.ledger.admit(self.backend, self.test, work, scenario)
+    def admit(self, work: int, scenario: str, kind: str = "example") -> bool:
+        return self.ledger.admit(self.backend, self.test, work, scenario, kind)
 
     def deadline_s(self) -> float:
         return self.ledger.deadline_s(self.backend, self.test)

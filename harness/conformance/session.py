@@ -313,6 +313,7 @@ class ConformanceSession:
             max_context=budget.max_context,
             limit=budget.production,
             large_pool=large is not None and unavailable_reason(large) is None,
+            device=self.device,
         )
 
     def whole_suite_ran(self, name: str) -> bool:

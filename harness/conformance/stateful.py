@@ -307,7 +307,7 @@ def conformance_machine(
             work = step_work(
                 g.num_layers, g.num_heads, queries, [rank.cached_len(s) + q for s, q in requests]
             )
-            if costs is not None and not costs.admit(work, f"a stateful step of {queries}"):
+            if costs is not None and not costs.admit(work, f"queries {queries}", "stateful step"):
                 self.run.skipped["step: over the interpreted budget"] += 1
                 return
             start = time.perf_counter()

@@ -13,6 +13,7 @@ Public: ``scenarios``, ``production_scenarios``, ``multi_rank_scenarios``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from hypothesis import strategies as st
@@ -26,11 +27,12 @@ from harness.conformance.strategies import (
     geometries,
     production_batches,
     production_geometries,
+    soft_cap_room,
     with_variant,
 )
 from harness.core.contract import Capabilities
 from harness.core.kv_pages import PoolLayout, dp_page_range, pages_needed
-from harness.numerics.scenario import Scenario, logit_offset_limit
+from harness.numerics.scenario import PLANTED_LOGIT, Scenario, logit_offset_limit, logit_reach
 
 SINGLE_RANK_ONE_IN = 8  # multi-rank draws that are one rank
 LOGIT_OFFSETS = (-1e5, -6e4, -3.5e4, -1.2e4, -1e3, 1e3, 3.5e4, 1e5)
@@ -59,15 +61,26 @@ def _served_heads(draw: st.DrawFn, caps: Capabilities, base: Scenario, budget: B
     return with_variant(draw, caps, replace(base, num_heads=heads, num_kv_heads=kv_heads))
 
 
-def _logit_offsets(draw: st.DrawFn, base: Scenario, rows: int) -> tuple[float, ...]:
+def _planted_keys(draw: st.DrawFn, caps: Capabilities, base: Scenario) -> int:
+    """Keys given a large logit, where the claim's soft-cap bound leaves room for one."""
+    planted = draw(st.sampled_from((0, 0, 1, 3)))
+    lifted = replace(base, planted_keys=planted)
+    return planted if logit_reach(lifted) <= soft_cap_room(caps, base) else 0
+
+
+def _logit_offsets(
+    draw: st.DrawFn, base: Scenario, rows: int, caps: Capabilities | None = None
+) -> tuple[float, ...]:
     """Per-sequence logit offsets one step in ``OFFSET_ONE_IN`` (none: shrinks there).
 
     Up to eight rows draw their own offset (zero among them, so a step mixes
-    rows far from zero and near it); a larger batch shares one.
+    rows far from zero and near it); a larger batch shares one. Offsets stay
+    inside the dtype's range and the claim's soft-cap bound.
     """
     if draw(st.integers(0, OFFSET_ONE_IN - 1)) != OFFSET_ONE_IN - 1:
         return ()
-    limit = logit_offset_limit(base)
+    room = math.inf if caps is None else soft_cap_room(caps, base) - logit_reach(base)
+    limit = min(logit_offset_limit(base), room - PLANTED_LOGIT)
     menu = (0.0, *(o for o in LOGIT_OFFSETS if abs(o) <= limit))
     if rows > 8:
         return (draw(balanced(menu[1:] or menu)),) * rows
@@ -130,8 +143,8 @@ def _step_options(
         shared_prefix=shared_prefix,
         noncontiguous=draw(st.booleans()),
         combined_kv=draw(st.booleans()),
-        planted_keys=draw(st.sampled_from((0, 0, 1, 3))),
-        logit_offsets=_logit_offsets(draw, base, len(contexts)),
+        planted_keys=_planted_keys(draw, caps, base),
+        logit_offsets=_logit_offsets(draw, base, len(contexts), caps),
         seed=draw(st.integers(0, 2**16)),
     )
 

@@ -17,10 +17,11 @@ Public: ``Budget``, ``geometries``, ``batches``, ``attention_variants``,
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from hypothesis import strategies as st
@@ -45,10 +46,10 @@ from harness.conformance.production_shapes import (
     WIDE_GROUPS,
     CostLimit,
 )
-from harness.core.contract import Capabilities
+from harness.core.contract import VARIANT_FEATURES, Capabilities
 from harness.core.kv_pages import pages_needed
 from harness.core.variants import AttentionVariant, alibi_slopes_for
-from harness.numerics.scenario import Scenario
+from harness.numerics.scenario import Scenario, logit_reach
 
 T = TypeVar("T")
 PAGE_SIZES = (2, 1, 3, 4, 5, 7, 8, 16)  # first is where shrinking lands
@@ -116,7 +117,10 @@ def attention_variants(
     def on(claim: bool) -> bool:
         return claim and draw(st.booleans())
 
-    window = draw(st.sampled_from(windows)) if on(caps.sliding_window) else None
+    allowed = tuple(w for w in windows if w >= caps.min_sliding_window) or (
+        caps.min_sliding_window,
+    )
+    window = draw(st.sampled_from(allowed)) if on(caps.sliding_window) else None
     cap = draw(st.sampled_from(SOFT_CAPS)) if on(caps.soft_cap) else None
     sinks = None
     if on(caps.sinks):
@@ -127,6 +131,9 @@ def attention_variants(
         factor = draw(st.sampled_from((1.0, 0.25, 4.0, -1.0)))  # vLLM's tests draw randn slopes
         slopes = tuple(factor * s for s in alibi_slopes_for(num_heads))
     cache_dtype = draw(st.sampled_from(caps.kv_cache_dtypes))
+    window, cap, sinks, slopes, cache_dtype = _compatible(
+        caps, window, cap, sinks, slopes, cache_dtype
+    )
     if cache_dtype == "auto":
         return AttentionVariant(
             sliding_window=window, logits_soft_cap=cap, sinks=sinks, alibi_slopes=slopes
@@ -142,6 +149,19 @@ def attention_variants(
     )
 
 
+def _compatible(caps: Capabilities, *drawn: Any) -> tuple[Any, ...]:
+    """The drawn features (window, cap, sinks, slopes, cache dtype) with each one that
+    ``caps.incompatible`` forbids beside an earlier one turned off."""
+    kept = list(drawn)
+    off = (None, None, None, None, "auto")
+    for i in range(len(kept)):
+        earlier = zip(VARIANT_FEATURES[: i + 1], kept[: i + 1], off[: i + 1], strict=True)
+        on = [name for name, value, none in earlier if value != none]
+        if kept[i] != off[i] and not caps.allows_variants(on):
+            kept[i] = off[i]
+    return tuple(kept)
+
+
 def _fp8_only(draw: st.DrawFn, caps: Capabilities) -> AttentionVariant:
     """A backend whose claim has no ``"auto"`` cache: an FP8 cache every time."""
     return AttentionVariant(
@@ -154,8 +174,13 @@ def _fp8_only(draw: st.DrawFn, caps: Capabilities) -> AttentionVariant:
 def with_variant(
     draw: st.DrawFn, caps: Capabilities, scenario: Scenario, windows: tuple[int, ...] = WINDOWS
 ) -> Scenario:
-    """``scenario`` with a variant and a cache layout drawn inside ``caps``."""
-    return replace(
+    """``scenario`` with a variant and a cache layout drawn inside ``caps``.
+
+    Where ``caps`` bounds the logits its soft-cap serves, a capped draw whose
+    logits could pass the bound is brought inside it (magnitude 1, the default
+    scale) or, failing that, loses the cap.
+    """
+    drawn = replace(
         scenario,
         variant=draw(attention_variants(caps, scenario.num_heads, windows)),
         cache_layout=(
@@ -164,6 +189,64 @@ def with_variant(
             else caps.cache_layouts[0]
         ),
     )
+    if soft_cap_room(caps, drawn) < logit_reach(drawn):
+        drawn = replace(drawn, magnitude=1.0, scale=None)
+    if soft_cap_room(caps, drawn) < logit_reach(drawn):
+        drawn = replace(drawn, variant=replace(drawn.variant, logits_soft_cap=None))
+    return drawn
+
+
+def soft_cap_room(caps: Capabilities, scenario: Scenario) -> float:
+    """The largest ``|logit|`` ``caps`` serves ``scenario``'s soft-cap for (inf: no bound)."""
+    cap = scenario.variant.logits_soft_cap
+    if cap is None or caps.soft_cap_logit_bound is None:
+        return math.inf
+    return caps.soft_cap_logit_bound * cap
+
+
+def claimed_page_sizes(
+    caps: Capabilities, wanted: tuple[int, ...], narrow: bool = False
+) -> tuple[int, ...]:
+    """Page sizes to draw: the claim's list (``narrow``: its part in ``wanted``), or
+    ``wanted``, kept to ``caps``' rules."""
+    return _inside(
+        caps.page_sizes, wanted, caps.allows_page_size, caps.page_size_multiple, 1, narrow
+    )
+
+
+def claimed_head_dims(
+    caps: Capabilities, wanted: tuple[int, ...], narrow: bool = False
+) -> tuple[int, ...]:
+    """Head dims to draw, as ``claimed_page_sizes`` chooses page sizes."""
+    return _inside(
+        caps.head_dims,
+        wanted,
+        caps.allows_head_dim,
+        caps.head_dim_multiple,
+        caps.min_head_dim,
+        narrow,
+    )
+
+
+def _inside(
+    claim: tuple[int, ...] | None,
+    wanted: tuple[int, ...],
+    allows: Callable[[int], bool],
+    multiple: int,
+    minimum: int,
+    narrow: bool,
+) -> tuple[int, ...]:
+    """The values of ``claim`` (or of ``wanted`` when it lists none) that ``allows`` keeps.
+
+    An empty claim claims nothing. Where the rules keep none of ``wanted``,
+    the two smallest values they allow stand in.
+    """
+    if claim is not None:
+        listed = tuple(v for v in claim if allows(v))
+        return (tuple(v for v in wanted if v in listed) or listed) if narrow else listed
+    kept = tuple(v for v in wanted if allows(v))
+    first = -(-minimum // multiple) * multiple
+    return kept or (first, first + multiple)
 
 
 @st.composite
@@ -171,11 +254,11 @@ def geometries(
     draw: st.DrawFn, caps: Capabilities, budget: Budget = CI_BUDGET, device: str = "cpu"
 ) -> Scenario:
     """Heads (GQA groups 1..8, MQA included), head dim, page size, dtype, scale, layers."""
-    dtype = draw(balanced(caps.dtypes))
+    dtype = draw(balanced(caps.dtypes_on(device)))
     kv_heads = draw(st.integers(1, 4))
     group = draw(st.integers(1, max(1, min(8, budget.max_heads // kv_heads))))
-    head_dims = HEAD_DIMS if caps.head_dims is None else caps.head_dims  # () claims none
-    page_sizes = PAGE_SIZES if caps.page_sizes is None else caps.page_sizes
+    head_dims = claimed_head_dims(caps, HEAD_DIMS)  # () claims none
+    page_sizes = claimed_page_sizes(caps, PAGE_SIZES)
     scale = draw(st.one_of(st.none(), st.floats(0.03, 2.0, allow_nan=False)))
     # Large logits need a stable softmax; they are drawn rarely and shrink away.
     magnitude = draw(st.sampled_from((1.0, 1.0, 1.0, 8.0, 30.0)))
@@ -250,19 +333,12 @@ def _spec_decode_batch(
 # -- production shapes ---------------------------------------------------------------
 
 
-def _claimed(claim: tuple[int, ...] | None, wanted: tuple[int, ...]) -> tuple[int, ...]:
-    """``wanted`` narrowed to the claim; the claim itself when none of ``wanted`` is in it."""
-    if claim is None:
-        return wanted
-    return tuple(v for v in wanted if v in claim) or tuple(claim)
-
-
 @st.composite
 def production_geometries(
     draw: st.DrawFn, caps: Capabilities, regime: str, device: str = "cpu"
 ) -> Scenario:
     """Heads, head dim, page size and dtype of production size, aimed at ``regime``."""
-    head_dims = _claimed(caps.head_dims, PRODUCTION_HEAD_DIMS)
+    head_dims = claimed_head_dims(caps, PRODUCTION_HEAD_DIMS, narrow=True)
     models = [m for m in MODEL_GEOMETRIES if m.head_dim in head_dims]
     kind = draw(st.sampled_from(("model", "wide-group", "mqa", "wide-head")))
     if regime == "head-geometry" and kind == "model" and models:
@@ -284,7 +360,7 @@ def production_geometries(
         head_dim = draw(st.sampled_from(fitting))
     elif regime == "token-budget":  # tens of thousands of tokens fit only with tiny heads
         kv_heads, heads = 1, draw(st.sampled_from((1, 2, 4)))
-        head_dim = draw(st.sampled_from(sorted(caps.head_dims or HEAD_DIMS)[:2]))
+        head_dim = draw(st.sampled_from(sorted(claimed_head_dims(caps, HEAD_DIMS))[:2]))
     else:  # long contexts and big pools fit only with few KV heads
         small = regime in ("long-context", "dp-groups")
         kv_heads = draw(st.sampled_from((1, 2) if small else (1, 2, 4, 8)))
@@ -299,9 +375,9 @@ def production_geometries(
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        page_size=draw(st.sampled_from(_claimed(caps.page_sizes, wanted))),
+        page_size=draw(st.sampled_from(claimed_page_sizes(caps, wanted, narrow=True))),
         num_layers=1,
-        dtype=draw(balanced(caps.dtypes)),
+        dtype=draw(balanced(caps.dtypes_on(device))),
         scale=None,
         causal=not draw(st.booleans()) if caps.non_causal else True,
         device=device,

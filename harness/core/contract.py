@@ -7,12 +7,15 @@ The backend author's reference, field by field and rule by rule, is
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
 
 DEFAULT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
+VARIANT_FEATURES = ("sliding_window", "soft_cap", "sinks", "alibi", "fp8")
+"""The names ``Capabilities.incompatible`` pairs: the variant flags, and an FP8 cache."""
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -132,6 +135,55 @@ class Capabilities:
     cache_layouts: tuple[str, ...] = ("NHD",)  # ``LayerCache.layout`` values
     out_buffer: bool = False  # ``forward(..., out=buffer)`` writes into and returns it
     lse: bool = False  # ``forward_with_lse(query, key, value, layer_idx) -> (out, lse)``
+    # Rules that narrow the claims above, as kernels state them (defaults: no rule):
+    dtypes_by_device: Mapping[str, tuple[torch.dtype, ...]] | None = None  # device -> its dtypes
+    page_size_multiple: int = 1  # every page size a multiple of this (16: tensor-core tiles)
+    head_dim_multiple: int = 1
+    min_head_dim: int = 1
+    min_sliding_window: int = 1  # the smallest window served (some kernels take 0 as "none")
+    incompatible: tuple[str, ...] = ()  # variant pairs never combined: ("alibi+sinks",)
+    soft_cap_logit_bound: float | None = None  # the soft-cap only while |logit| <= this x cap
+
+    def __post_init__(self) -> None:
+        for pair in self.incompatible:
+            names = pair.split("+")
+            unknown = [n for n in names if n not in VARIANT_FEATURES]
+            if len(names) != 2 or unknown:
+                raise ValueError(
+                    f"Capabilities(incompatible=...): {pair!r} is not two of "
+                    f"{', '.join(VARIANT_FEATURES)} joined by '+'"
+                )
+        for name in (
+            "page_size_multiple",
+            "head_dim_multiple",
+            "min_head_dim",
+            "min_sliding_window",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(
+                    f"Capabilities({name}=...) must be >= 1, got {getattr(self, name)}"
+                )
+        if self.soft_cap_logit_bound is not None and not self.soft_cap_logit_bound > 0:
+            raise ValueError("Capabilities(soft_cap_logit_bound=...) must be > 0")
+
+    def dtypes_on(self, device: str) -> tuple[torch.dtype, ...]:
+        """The dtypes claimed on ``device``: ``dtypes``, narrowed by ``dtypes_by_device``."""
+        if self.dtypes_by_device is None or device not in self.dtypes_by_device:
+            return self.dtypes
+        return tuple(d for d in self.dtypes if d in self.dtypes_by_device[device])
+
+    def allows_page_size(self, page_size: int) -> bool:
+        listed = self.page_sizes is None or page_size in self.page_sizes
+        return listed and page_size % self.page_size_multiple == 0
+
+    def allows_head_dim(self, head_dim: int) -> bool:
+        listed = self.head_dims is None or head_dim in self.head_dims
+        return listed and head_dim % self.head_dim_multiple == 0 and head_dim >= self.min_head_dim
+
+    def allows_variants(self, features: Iterable[str]) -> bool:
+        """Whether the variant features on together (``VARIANT_FEATURES`` names) may combine."""
+        on = set(features)
+        return not any(set(pair.split("+")) <= on for pair in self.incompatible)
 
     def unsupported_reason(
         self,
@@ -152,21 +204,32 @@ class Capabilities:
         cache_layout: str = "NHD",
         out_buffer: bool = False,
         lse: bool = False,
+        window: int | None = None,
     ) -> str | None:
         """Why a case lies outside this claim, or ``None`` when it is inside."""
+        on_device = self.dtypes if device is None else self.dtypes_on(device)
+        features = [
+            name
+            for name, on in zip(
+                VARIANT_FEATURES,
+                (sliding_window, soft_cap, sinks, alibi, kv_cache_dtype != "auto"),
+                strict=True,
+            )
+            if on
+        ]
         checks = [
             (dtype is not None and dtype not in self.dtypes, f"dtype {dtype}"),
             (device is not None and device not in self.devices, f"device {device!r}"),
             (
-                page_size is not None
-                and self.page_sizes is not None
-                and page_size not in self.page_sizes,
+                dtype is not None and dtype in self.dtypes and dtype not in on_device,
+                f"dtype {dtype} on {device!r}",
+            ),
+            (
+                page_size is not None and not self.allows_page_size(page_size),
                 f"page_size {page_size}",
             ),
             (
-                head_dim is not None
-                and self.head_dims is not None
-                and head_dim not in self.head_dims,
+                head_dim is not None and not self.allows_head_dim(head_dim),
                 f"head_dim {head_dim}",
             ),
             (
@@ -187,6 +250,11 @@ class Capabilities:
             (cache_layout not in self.cache_layouts, f"cache layout {cache_layout!r}"),
             (out_buffer and not self.out_buffer, "forward(out=...)"),
             (lse and not self.lse, "forward_with_lse"),
+            (
+                window is not None and window < self.min_sliding_window,
+                f"sliding_window {window} < {self.min_sliding_window}",
+            ),
+            (not self.allows_variants(features), "the combination " + "+".join(features)),
         ]
         for failed, what in checks:
             if failed:

@@ -365,6 +365,19 @@ class PagedBackendBase:
                 value = dequantize(value, self.variant.v_scale)
             yield slice(starts[row], starts[row + 1]), key.transpose(0, 1), value.transpose(0, 1)
 
+    def per_head(self, which: str, device: torch.device) -> torch.Tensor | None:
+        """The variant's ``sinks`` or ``alibi_slopes`` as float32 on ``device``, made once
+        per device (kernels take them as tensors); ``None`` when the variant has none."""
+        values = getattr(self.variant, which)
+        if values is None:
+            return None
+        cached: dict[tuple[str, torch.device], torch.Tensor] = self.__dict__.setdefault(
+            "_per_head_tensors", {}
+        )
+        if (which, device) not in cached:
+            cached[which, device] = torch.tensor(values, dtype=torch.float32, device=device)
+        return cached[which, device]
+
     def cache_rows(self, pages: list[int], length: int) -> list[int]:
         """Flattened-cache rows of a sequence's first ``length`` tokens.
 

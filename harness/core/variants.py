@@ -157,6 +157,7 @@ class AttentionVariant:
             "sinks": self.sinks is not None,
             "alibi": self.alibi_slopes is not None,
             "kv_cache_dtype": self.kv_cache_dtype,
+            "window": self.sliding_window,
         }
 
     def describe(self) -> str:

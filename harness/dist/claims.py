@@ -18,10 +18,18 @@ def fit_claim(setup: DistSetup, caps: Any) -> DistSetup:
     takes the claimed value nearest to them instead of refusing it.
     """
     changes = {}
-    for name, claim in (("page_size", caps.page_sizes), ("head_dim", caps.head_dims)):
+    rules = (
+        ("page_size", caps.page_sizes, caps.allows_page_size, caps.page_size_multiple, 1),
+        ("head_dim", caps.head_dims, caps.allows_head_dim, caps.head_dim_multiple, caps.min_head_dim),
+    )
+    for name, claim, allows, multiple, minimum in rules:
         wanted = getattr(setup, name)
-        if claim and wanted not in claim:
-            changes[name] = min(claim, key=lambda v: (abs(v - wanted), v))
+        if allows(wanted) or claim == ():
+            continue
+        below = max(minimum, wanted // multiple * multiple)
+        ruled = [below, below + multiple, -(-minimum // multiple) * multiple]
+        candidates = [v for v in (claim or ruled) if allows(v)] or list(claim or ruled)
+        changes[name] = min(candidates, key=lambda v: (abs(v - wanted), v))
     return replace(setup, **changes) if changes else setup
 
 
@@ -42,14 +50,16 @@ def claim_problems(
     problems = []
     if not entry.accepts_dp and max(dp_sizes) > 1:
         problems.append("its constructor takes neither dp_size/dp_rank nor **kwargs")
-    if dtype not in caps.dtypes:
-        problems.append(f"it does not claim {dtype_name(dtype)}")
+    if dtype not in caps.dtypes_on(kind):
+        problems.append(f"it does not claim {dtype_name(dtype)} on {kind!r}")
     if kind not in caps.devices:
         problems.append(f"it does not claim device {kind!r}")
-    for name, value in (("page_sizes", page_size), ("head_dims", head_dim)):
-        claimed = getattr(caps, name)
-        if claimed is not None and value not in claimed:
-            problems.append(f"{name} {list(claimed)} leaves out {value}")
+    for name, value, allows in (
+        ("page_size", page_size, caps.allows_page_size),
+        ("head_dim", head_dim, caps.allows_head_dim),
+    ):
+        if not allows(value):
+            problems.append(f"its {name} claim leaves out {value}")
     if caps.max_dp_size is not None and max(dp_sizes) > caps.max_dp_size:
         problems.append(f"it claims dp_size <= {caps.max_dp_size}, the run needs {max(dp_sizes)}")
     if caps.max_seq_len is not None and longest > caps.max_seq_len:

@@ -405,6 +405,18 @@ def _plant(
     return direction
 
 
+def logit_reach(s: Scenario) -> float:
+    """A bound on ``|scale * q.k|`` over ``s``'s inputs: what a claim on the logits compares.
+
+    ``|q.k| <= |q| |k|``, each about ``magnitude * sqrt(head_dim)`` for normal
+    draws (1.5x of it for the tails), plus a planted key's lift and the largest
+    logit offset.
+    """
+    raw = (1.5 * s.magnitude) ** 2 * s.head_dim * s.softmax_scale
+    planted = PLANTED_LOGIT if s.planted_keys else 0.0
+    return raw + planted + max((abs(o) for o in s.logit_offsets), default=0.0)
+
+
 MAX_LOGIT_OFFSET = 1e5
 
 

@@ -1,0 +1,219 @@
+"""Claims as kernels state them: rules on shapes, per-device dtypes, variant pairs, logit bounds."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harness.conformance.check_matrix import quick_coverage
+from harness.conformance.claim_coverage import requirements
+from harness.conformance.profiles import get_profile
+from harness.conformance.step_strategies import production_scenarios, scenarios
+from harness.core.contract import Capabilities
+from harness.core.registry import BackendEntry
+from harness.dist.claims import claim_problems, fit_claim
+from harness.dist.schedule import DistSetup
+from harness.numerics.scenario import logit_reach
+from reference_backends import ReferenceBackend
+
+FAST = settings(
+    max_examples=80, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+)
+RULED = Capabilities(page_size_multiple=16, head_dim_multiple=16, min_head_dim=32)
+VARIANTS = Capabilities(
+    sliding_window=True,
+    soft_cap=True,
+    sinks=True,
+    alibi=True,
+    min_sliding_window=2,
+    incompatible=("alibi+sinks",),
+    soft_cap_logit_bound=20.0,
+)
+BY_DEVICE = Capabilities(
+    devices=("cpu", "cuda"), dtypes_by_device={"cpu": (torch.float32, torch.float16)}
+)
+
+
+def test_new_fields_default_to_no_rule():
+    caps = Capabilities()
+    assert caps.allows_page_size(3)
+    assert caps.allows_head_dim(5)
+    assert caps.dtypes_on("cpu") == caps.dtypes
+    assert caps.allows_variants(["alibi", "sinks"])
+    assert caps.unsupported_reason(page_size=3, head_dim=5, window=1) is None
+
+
+def test_shape_rules_narrow_the_claim():
+    assert RULED.unsupported_reason(page_size=32, head_dim=64) is None
+    assert RULED.unsupported_reason(page_size=8) == "unsupported page_size 8"
+    assert RULED.unsupported_reason(head_dim=16) == "unsupported head_dim 16"  # under 32
+    assert RULED.unsupported_reason(head_dim=40) == "unsupported head_dim 40"  # not x16
+
+
+def test_dtypes_differ_by_device():
+    assert BY_DEVICE.dtypes_on("cpu") == (torch.float32, torch.float16)
+    assert torch.bfloat16 in BY_DEVICE.dtypes_on("cuda")
+    reason = BY_DEVICE.unsupported_reason(dtype=torch.bfloat16, device="cpu")
+    assert reason == "unsupported dtype torch.bfloat16 on 'cpu'"
+    assert BY_DEVICE.unsupported_reason(dtype=torch.bfloat16, device="cuda") is None
+
+
+def test_variant_rules_refuse_what_the_kernel_does_not_serve():
+    assert VARIANTS.unsupported_reason(alibi=True, sinks=True) == (
+        "unsupported the combination sinks+alibi"
+    )
+    assert VARIANTS.unsupported_reason(alibi=True, soft_cap=True) is None
+    assert VARIANTS.unsupported_reason(sliding_window=True, window=1) == (
+        "unsupported sliding_window 1 < 2"
+    )
+
+
+def test_a_constructor_refuses_an_incompatible_pair():
+    class NoAlibiWithSinks(ReferenceBackend):
+        @classmethod
+        def capabilities(cls) -> Capabilities:
+            return Capabilities(alibi=True, sinks=True, incompatible=("alibi+sinks",))
+
+    from harness.core.errors import Unsupported
+
+    with pytest.raises(Unsupported, match="sinks\\+alibi"):
+        NoAlibiWithSinks(
+            num_heads=2,
+            num_kv_heads=1,
+            head_dim=8,
+            scale=0.3,
+            sinks=torch.zeros(2),
+            alibi_slopes=torch.ones(2),
+        )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"incompatible": ("alibi",)}, "not two of"),
+        ({"incompatible": ("alibi+window",)}, "not two of"),
+        ({"page_size_multiple": 0}, "page_size_multiple"),
+        ({"min_head_dim": 0}, "min_head_dim"),
+        ({"soft_cap_logit_bound": 0.0}, "soft_cap_logit_bound"),
+    ],
+)
+def test_a_bad_rule_names_itself(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Capabilities(**kwargs)
+
+
+@FAST
+@given(scenarios(RULED))
+def test_plain_draws_keep_to_the_shape_rules(s):
+    assert s.page_size % 16 == 0
+    assert s.head_dim % 16 == 0
+    assert s.head_dim >= 32
+
+
+@FAST
+@given(st.sampled_from(["page-sizes", "head-geometry", "long-context"]), st.data())
+def test_production_draws_keep_to_the_shape_rules(regime, data):
+    s = data.draw(production_scenarios(RULED, regime))
+    assert s.page_size % 16 == 0
+    assert s.head_dim % 16 == 0
+    assert s.head_dim >= 32
+
+
+@FAST
+@given(scenarios(BY_DEVICE))
+def test_cpu_draws_take_the_cpu_dtypes(s):
+    assert s.dtype in (torch.float32, torch.float16)
+
+
+@FAST
+@given(scenarios(VARIANTS))
+def test_variant_draws_keep_to_the_variant_rules(s):
+    v = s.variant
+    assert not (v.alibi_slopes is not None and v.sinks is not None)
+    assert v.sliding_window is None or v.sliding_window >= 2
+    if v.logits_soft_cap is not None:
+        assert logit_reach(s) <= 20.0 * v.logits_soft_cap
+
+
+def test_variant_draws_still_reach_every_feature():
+    seen: Counter[str] = Counter()
+
+    @settings(FAST, max_examples=300)
+    @given(scenarios(VARIANTS))
+    def draw(s):
+        v = s.variant
+        seen.update(
+            name
+            for name, on in (
+                ("window", v.sliding_window is not None),
+                ("cap", v.logits_soft_cap is not None),
+                ("sinks", v.sinks is not None),
+                ("alibi", v.alibi_slopes is not None),
+                ("cap+planted", v.logits_soft_cap is not None and s.planted_keys > 0),
+            )
+            if on
+        )
+
+    draw()
+    assert {"window", "cap", "sinks", "alibi", "cap+planted"} <= set(seen), seen
+
+
+def test_coverage_promises_only_values_the_rules_allow():
+    profile = get_profile("ci")
+    budget = profile.budget
+    wanted = requirements(
+        RULED,
+        dp_aware=True,
+        max_dp_size=budget.max_dp_size,
+        max_context=budget.max_context,
+        limit=budget.production,
+    )
+    page_values = [r.wanted for r in wanted if r.dimension == "page_size"]
+    head_values = [r.wanted for r in wanted if r.dimension == "head_dim"]
+    assert page_values == ["16"]
+    assert head_values == ["32", "64"]  # the head dims plain draws take, x16 and >= 32
+    on_cpu = requirements(
+        BY_DEVICE,
+        dp_aware=True,
+        max_dp_size=budget.max_dp_size,
+        max_context=budget.max_context,
+        limit=budget.production,
+        device="cpu",
+    )
+    assert [r.wanted for r in on_cpu if r.dimension == "dtype"] == ["float32", "float16"]
+
+
+def test_the_quick_check_keeps_to_the_rules():
+    coverage = quick_coverage(RULED)
+    assert all(p % 16 == 0 for p in coverage.page_sizes)
+    assert all(d % 16 == 0 for d in coverage.head_dims)
+    assert min(coverage.head_dims) >= 32
+    assert quick_coverage(BY_DEVICE).dtypes == (torch.float32, torch.float16)
+
+
+def test_a_dp_run_moves_inside_the_rules_and_names_what_it_cannot():
+    class Ruled(ReferenceBackend):
+        @classmethod
+        def capabilities(cls) -> Capabilities:
+            return RULED
+
+    setup = fit_claim(DistSetup(dp_size=2, page_size=20, head_dim=8), RULED)
+    assert (setup.page_size, setup.head_dim) == (16, 32)
+    entry = BackendEntry("ruled", Ruled, "test")
+    problems = claim_problems(
+        entry,
+        dtype=torch.float32,
+        device="cpu",
+        dp_sizes=[1],
+        page_size=20,
+        head_dim=8,
+        longest=10,
+    )
+    assert problems == [
+        "its page_size claim leaves out 20",
+        "its head_dim claim leaves out 8",
+    ]
