@@ -114,9 +114,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=float,
         default=None,
         metavar="SECONDS",
-        help="seconds of examples each property test of an interpreted backend may spend; "
-        "an example whose predicted cost does not fit is reported as not checked "
-        "(default: the profile's, 6 s for ci, 60 s for thorough)",
+        help="seconds of examples an interpreted backend's run may spend, parted among its "
+        "tests; an example whose predicted cost does not fit is reported as not checked "
+        "(default: the profile's, 200 s for ci, 2000 s for thorough)",
     )
     group.addoption(
         "--examples",
@@ -449,6 +449,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
     config.hook.pytest_deselected(items=[item for item in items if item.name != test])
     items[:] = kept
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Count each backend's tests: an interpreted backend's budget is shared among them."""
+    counts = session.config.stash[SESSION_KEY].tests_per_backend
+    for item in session.items:
+        entry = backend_entry_of(item)
+        if entry is not None:
+            counts[entry.name] = counts.get(entry.name, 0) + 1
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -28,39 +28,76 @@ def test_scenarios_work_sums_every_step():
 
 
 def test_the_meter_predicts_nothing_before_it_has_measured():
+    assert CostMeter().predict(100) is None
+
+
+def test_the_meter_fits_a_fixed_cost_and_a_cost_per_tile():
     meter = CostMeter()
-    assert meter.predict(100) is None
+    for work in (2, 10, 40, 200):
+        meter.observe(work, 0.8 + 0.01 * work)  # what an interpreted kernel's examples look like
+    fixed, per_tile = meter.fit()
+    assert fixed == pytest.approx(0.8)
+    assert per_tile == pytest.approx(0.01)
+    assert meter.predict(8000) == pytest.approx(80.8)  # not 8000 x the small examples' rate
+
+
+def test_the_meter_never_fits_a_negative_part():
+    falling = CostMeter()
+    falling.observe(10, 2.0)
+    falling.observe(20, 1.0)
+    assert falling.fit() == (1.5, 0.0)
+    proportional = CostMeter()
+    proportional.observe(10, 0.1)
+    proportional.observe(20, 0.5)  # the line through them crosses zero below 0
+    fixed, per_tile = proportional.fit()
+    assert fixed == 0.0
+    assert per_tile > 0
+
+
+def test_one_size_seen_is_taken_as_half_fixed_half_per_tile():
+    meter = CostMeter()
     meter.observe(100, 2.0)
-    meter.observe(300, 6.0)
-    assert meter.predict(50) == pytest.approx(1.0)  # 0.02 s per tile, fitted on both
+    assert meter.predict(100) == pytest.approx(2.0)
+    assert meter.predict(300) == pytest.approx(4.0)
 
 
 def test_the_ledger_admits_what_fits_and_records_the_rest():
-    ledger = CostLedger(test_budget_s=10.0)
+    ledger = CostLedger(budget_s=20.0, tests={"k": 2})  # 10 s for the first test
     assert ledger.admit("k", "t", 100, "first")  # no prediction yet: it runs
-    ledger.charge("k", "t", 100, 4.0)  # 0.04 s per tile; 6 s left
-    assert ledger.admit("k", "t", 140, "fits")  # 5.6 s predicted
-    assert not ledger.admit("k", "t", 200, "too big")  # 8 s predicted
+    ledger.charge("k", "t", 100, 4.0)  # taken as 2 s fixed, 0.02 s per tile; 6 s left
+    assert ledger.admit("k", "t", 190, "fits")  # 5.8 s predicted
+    assert not ledger.admit("k", "t", 300, "too big")  # 8 s predicted
     assert ledger.checked_in("k", "t") == 1
     (skipped,) = ledger.not_checked("k")
     assert (skipped.test, skipped.seconds, skipped.timed_out) == ("t", pytest.approx(8.0), False)
-    assert ledger.admit("k", "other", 200, "a new test has its own budget")
+    assert ledger.admit("k", "other", 200, "a new test has its own part")
+
+
+def test_a_cheap_test_leaves_its_seconds_to_the_tests_after_it():
+    ledger = CostLedger(budget_s=30.0, tests={"k": 3})
+    assert ledger.allowance("k", "first") == 10.0
+    ledger.charge("k", "first", 10, 1.0)
+    assert ledger.allowance("k", "second") == 14.5  # (30 - 1) / 2
+    ledger.charge("k", "second", 10, 14.5)
+    assert ledger.allowance("k", "third") == 14.5
+    assert ledger.allowance("other backend", "first") == 30.0  # its own budget
 
 
 def test_an_overrun_is_not_checked_and_teaches_the_meter():
-    ledger = CostLedger(test_budget_s=10.0)
+    ledger = CostLedger(budget_s=10.0)
     ledger.overran("k", "t", 10, 5.0, "hung")
     assert ledger.checked_in("k", "t") == 0
     assert ledger.not_checked("k")[0].timed_out
-    assert not ledger.admit("k", "t", 20, "predicted at 10 s, 5 s left")
+    assert not ledger.admit("k", "t", 30, "predicted at 10 s, 5 s left")
     (line,) = ledger.summary_lines("ci (interpreted)")
     assert "2 example(s) of 'k' not checked" in line
     assert "1 of them stopped at their deadline" in line
+    assert "profile's 10 s of examples for the run" in line
     assert "the costliest, 10 s in t: predicted at 10 s" in line
 
 
-def test_the_deadline_is_what_is_left_but_never_under_a_quarter_of_the_budget():
-    ledger = CostLedger(test_budget_s=8.0)
+def test_the_deadline_is_what_is_left_but_never_under_a_quarter_of_the_part():
+    ledger = CostLedger(budget_s=8.0)
     assert ledger.deadline_s("k", "t") == 8.0
     ledger.charge("k", "t", 1, 7.5)
     assert ledger.deadline_s("k", "t") == 2.0
@@ -70,9 +107,9 @@ def test_only_a_backend_interpreted_on_the_device_gets_a_ledger():
     run = ConformanceSession(ConformanceOptions(profile="ci", device="cpu"))
     assert run.cost_ledger(BackendEntry("sdpa", SdpaBackend, "built-in")) is None
     ledger = run.cost_ledger(BackendEntry("triton", TritonBackend, "built-in"))
-    assert ledger.test_budget_s == get_profile("ci").interpreted_test_s
+    assert ledger.budget_s == get_profile("ci").interpreted_budget_s
     bigger = ConformanceSession(ConformanceOptions(device="cpu", interpreted_budget=30.0))
-    assert bigger.cost_ledger(BackendEntry("triton", TritonBackend, "built-in")).test_budget_s == 30
+    assert bigger.cost_ledger(BackendEntry("triton", TritonBackend, "built-in")).budget_s == 30
 
 
 def test_a_bad_budget_is_a_usage_error(conform):
@@ -93,7 +130,7 @@ def test_a_slow_interpreted_backend_leaves_examples_unchecked_and_says_so(confor
     )
     out = result.stdout
     assert result.returncode == EXIT_OK, out[-3000:]
-    assert "at most 1 s of examples per test" in out  # the header says how it is sized
+    assert "at most 1 s of examples in all" in out  # the header says how it is sized
     table = out[out.index("property ") :]
     assert "not checked" in table
     assert "example(s) of 'tests/fixtures/conform_backends.py:SlowInterpreted' not checked" in out

@@ -54,19 +54,48 @@ def scenarios_work(scenarios: Iterable[object]) -> int:
 
 @dataclass
 class CostMeter:
-    """Seconds per tile, fitted on the examples measured so far (a ratio of sums:
-    the large examples, whose cost the prediction is for, dominate it)."""
+    """Seconds an example takes, as ``fixed + per_tile * work``, fitted by least squares
+    on the examples measured so far.
 
+    Both parts matter: an interpreted example costs about a second however
+    small (the oracle, the caches, Python's launch overhead) and then grows with
+    its tiles, so a rate fitted through zero on the small first examples would
+    predict a large one at many times its cost.
+    """
+
+    count: int = 0
+    work: float = 0.0
     seconds: float = 0.0
-    work: int = 0
+    work_squared: float = 0.0
+    work_seconds: float = 0.0
 
     def observe(self, work: int, seconds: float) -> None:
+        self.count += 1
+        self.work += work
         self.seconds += seconds
-        self.work += max(work, 1)
+        self.work_squared += work * work
+        self.work_seconds += work * seconds
+
+    def fit(self) -> tuple[float, float] | None:
+        """``(fixed, per_tile)``, both at least 0; ``None`` before any measurement."""
+        if self.count == 0:
+            return None
+        mean_work, mean_seconds = self.work / self.count, self.seconds / self.count
+        spread = self.work_squared / self.count - mean_work**2
+        if self.count == 1 or spread <= 1e-9 * max(1.0, mean_work**2):
+            return mean_seconds / 2, mean_seconds / 2 / max(mean_work, 1.0)  # one size seen
+        per_tile = (self.work_seconds / self.count - mean_work * mean_seconds) / spread
+        if per_tile < 0:
+            return mean_seconds, 0.0
+        fixed = mean_seconds - per_tile * mean_work
+        if fixed < 0:
+            return 0.0, self.work_seconds / self.work_squared
+        return fixed, per_tile
 
     def predict(self, work: int) -> float | None:
         """Seconds ``work`` tiles would take; ``None`` before any measurement."""
-        return None if self.work == 0 else self.seconds / self.work * max(work, 1)
+        fitted = self.fit()
+        return None if fitted is None else fitted[0] + fitted[1] * work
 
 
 @dataclass(frozen=True)
@@ -83,28 +112,45 @@ class NotChecked:
 
 @dataclass
 class CostLedger:
-    """One run's costs per backend and per test, and the examples it left unchecked."""
+    """One run's costs per backend and per test, and the examples it left unchecked.
 
-    test_budget_s: float  # seconds of examples one property test may spend
+    A backend's budget is shared by its tests: each test, when it first asks,
+    gets an equal part of what the tests before it left, so a cheap test's
+    unused seconds go to the costly ones after it.
+    """
+
+    budget_s: float  # seconds of examples one backend's run may spend, all its tests together
+    tests: dict[str, int] = field(default_factory=dict)  # per backend: its tests in the run
+    allowances: dict[tuple[str, str], float] = field(default_factory=dict)
     meters: dict[tuple[str, str], CostMeter] = field(default_factory=dict)
     spent: dict[tuple[str, str], float] = field(default_factory=dict)
     checked: dict[tuple[str, str], int] = field(default_factory=dict)
     skipped: list[NotChecked] = field(default_factory=list)
 
     def _meter(self, backend: str, test: str) -> CostMeter:
-        """The test's own meter once it has one example; before, the backend's."""
+        """The test's own meter once it has two examples; before, the backend's."""
         own = self.meters.get((backend, test))
-        if own is not None and own.work:
+        if own is not None and own.count >= 2:
             return own
         return self.meters.setdefault((backend, ""), CostMeter())
 
+    def allowance(self, backend: str, test: str) -> float:
+        """The test's part of its backend's budget, fixed when the test first asks."""
+        key = (backend, test)
+        if key not in self.allowances:
+            spent = sum(v for (b, _), v in self.spent.items() if b == backend)
+            started = sum(1 for b, _ in self.allowances if b == backend)
+            waiting = max(1, self.tests.get(backend, 1) - started)
+            self.allowances[key] = max(0.0, self.budget_s - spent) / waiting
+        return self.allowances[key]
+
     def left(self, backend: str, test: str) -> float:
-        return self.test_budget_s - self.spent.get((backend, test), 0.0)
+        return self.allowance(backend, test) - self.spent.get((backend, test), 0.0)
 
     def deadline_s(self, backend: str, test: str) -> float:
-        """How long the next example may run: what is left, never under a quarter
-        of the budget (an example that is cheap as predicted finishes well inside)."""
-        return max(self.left(backend, test), self.test_budget_s / 4)
+        """How long the next example may run: what is left of the test's part, never
+        under a quarter of it (an example as cheap as predicted finishes well inside)."""
+        return max(self.left(backend, test), self.allowance(backend, test) / 4)
 
     def admit(
         self, backend: str, test: str, work: int, scenario: str, kind: str = "example"
@@ -114,8 +160,9 @@ class CostLedger:
         The first example a backend ever runs has no prediction and runs; one
         refused is recorded as not checked, with its predicted cost.
         """
+        left = self.left(backend, test)  # fixes the test's part at its first example
         predicted = self._meter(backend, test).predict(work)
-        if predicted is None or predicted <= self.left(backend, test):
+        if predicted is None or predicted <= left:
             return True
         self.skipped.append(NotChecked(backend, test, predicted, False, scenario, kind))
         return False
@@ -157,8 +204,8 @@ class CostLedger:
             kinds = Counter(n.kind for n in left)
             what = " and ".join(f"{count} {kind}(s)" for kind, count in sorted(kinds.items()))
             lines.append(
-                f"attn-harness: {what} of {backend!r} not checked: over the "
-                f"{profile} profile's {self.test_budget_s:g} s per property test{ran_out}; "
+                f"attn-harness: {what} of {backend!r} not checked: over the {profile} "
+                f"profile's {self.budget_s:g} s of examples for the run{ran_out}; "
                 f"the costliest, {worst.seconds:.0f} s in {worst.test}: {worst.scenario}"
             )
         return lines

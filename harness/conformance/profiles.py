@@ -44,8 +44,8 @@ class Profile:
     production_examples: int  # per regime, in test_production_shapes
     example_time_limit_s: float = 300.0  # one example past this fails, naming its shape
     enforces_coverage: bool = True  # a claimed value never checked fails the run
-    interpreted_test_s: float = 6.0  # an interpreted backend's seconds of examples per test
-    test_budget_s: float | None = None  # set on the interpreted profile: examples cut by cost
+    interpreted_budget_s: float = 200.0  # seconds of examples an interpreted backend's run spends
+    cost_budget_s: float | None = None  # set on the interpreted profile: examples cut by cost
 
     def with_examples(self, examples: int) -> Profile:
         """The profile with ``examples`` per property test; production and stateful scale along.
@@ -69,10 +69,11 @@ class Profile:
         An interpreter costs milliseconds per kernel program, so such a backend
         gets ``1 / INTERPRETED_SHARE`` of the examples (never none of any kind)
         and the smaller ``INTERPRETED_BUDGET``; coverage is reported, not required.
-        Each property test also gets ``interpreted_test_s`` seconds of examples:
-        an example whose predicted cost does not fit what is left is not checked
-        (``harness.conformance.cost_budget``), so a kernel with many programs per
-        step gets the same bounded wall time as a cheap one.
+        Its examples also share ``interpreted_budget_s`` seconds, parted among
+        its tests: an example whose predicted cost does not fit what is left of
+        its test's part is not checked (``harness.conformance.cost_budget``), so
+        a kernel with many programs per step gets the same bounded wall time as
+        a cheap one.
         """
         fewer = self.scaled_examples(self.settings.max_examples)
         return replace(
@@ -81,7 +82,7 @@ class Profile:
             budget=replace(INTERPRETED_BUDGET, max_dp_size=self.budget.max_dp_size),
             stateful_steps=max(3, self.stateful_steps // 2),
             enforces_coverage=False,
-            test_budget_s=self.interpreted_test_s,
+            cost_budget_s=self.interpreted_budget_s,
         )
 
     @staticmethod
@@ -111,7 +112,7 @@ def get_profile(name: str) -> Profile:
             stateful_steps=50,
             stateful_examples=300,
             production_examples=100,
-            interpreted_test_s=60.0,
+            interpreted_budget_s=2000.0,
         )
     if name == "kill":  # only "was it caught" matters: fewer examples, no shrinking
         phases = tuple(p for p in Phase if p is not Phase.shrink)

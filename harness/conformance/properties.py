@@ -29,6 +29,7 @@ from harness.core.errors import PropertyFailure, Unsupported
 from harness.core.kv_pages import PagePool, PoolLayout, pages_needed
 from harness.core.registry import BackendEntry
 from harness.numerics.canary import bits, changed_slots, snapshot
+from harness.numerics.nan_evidence import nonfinite_evidence
 from harness.numerics.scenario import (
     Scenario,
     StepInputs,
@@ -113,7 +114,10 @@ def assert_matches_oracle(
             raise fail(prop, entry, s, f"layer {layer}: {problem}")
     for layer, result in enumerate(check_outputs(inputs, outputs)):
         if not result.passed:
-            raise fail(prop, entry, s, f"layer {layer}: {result.describe()}")
+            evidence = (
+                nonfinite_evidence(inputs, layer, outputs[layer]) if result.nonfinite else None
+            )
+            raise fail(prop, entry, s, f"layer {layer}: {result.describe(evidence)}")
 
 
 # -- 1. partition: a rank keeps to its pages over many steps --------------------------
@@ -216,7 +220,10 @@ def _assert_finite(
     real = real_rows(inputs)
     for layer, output in enumerate(outputs):
         if not torch.isfinite(output.detach().cpu()[real]).all():
-            raise fail(prop, entry, inputs.scenario, f"layer {layer}: non-finite output")
+            evidence = nonfinite_evidence(inputs, layer, output)
+            raise fail(
+                prop, entry, inputs.scenario, f"layer {layer}: non-finite output ({evidence})"
+            )
 
 
 def check_ranks_together_equal_alone(entry: BackendEntry, ranks: Sequence[Scenario]) -> None:

@@ -31,7 +31,7 @@ class ConformanceOptions:
     device: str = "cpu"
     time_limit: float | None = None  # --example-time-limit, seconds
     examples: int | None = None  # --examples: per property test, instead of the profile's
-    interpreted_budget: float | None = None  # --interpreted-budget: seconds per test
+    interpreted_budget: float | None = None  # --interpreted-budget: seconds for the run
     specs: tuple[str, ...] = ()  # --backend (empty: every registered backend on the device)
     replay: str | None = None  # --replay TEST[@VERSION:BLOB]
     cli: bool = False  # run by `attn-harness conform`: replay commands name that command
@@ -80,6 +80,7 @@ class ConformanceSession:
     coverage: Any = None  # CoverageLog, made at the first example counted
     evidence: Any = None  # triage.TriageLog: every labelled example, held or failed
     cost: Any = None  # cost_budget.CostLedger of the interpreted backends, made when first asked
+    tests_per_backend: dict[str, int] = field(default_factory=dict)  # counted at collection
     verdicts: Any = None  # report.Verdicts
     reporter: Any = None  # the compact reporter, when the run uses it
     current_test: str | None = None  # the conformance test running now (coverage counts it)
@@ -144,7 +145,7 @@ class ConformanceSession:
         if self.options.examples is not None:
             profile = profile.with_examples(self.options.examples)
         if self.options.interpreted_budget is not None:
-            profile = replace(profile, interpreted_test_s=self.options.interpreted_budget)
+            profile = replace(profile, interpreted_budget_s=self.options.interpreted_budget)
         return profile
 
     def default_examples(self) -> int:
@@ -172,7 +173,8 @@ class ConformanceSession:
         if self.cost is None:
             from harness.conformance.cost_budget import CostLedger
 
-            self.cost = CostLedger(self.profile_for(entry).test_budget_s)
+            budget = self.profile_for(entry).cost_budget_s
+            self.cost = CostLedger(budget, tests=self.tests_per_backend)
         return self.cost
 
     def current_item(self) -> str:
@@ -199,7 +201,8 @@ class ConformanceSession:
         cheapest = min(n.seconds for n in left)
         return (
             f"Skipped: not checked: none of its {len(left)} example(s) fit the interpreted "
-            f"budget of {self.cost.test_budget_s:g} s (the cheapest about {cheapest:.0f} s)"
+            f"budget (its part: {self.cost.allowance(backend, item):.1f} s; the cheapest "
+            f"about {cheapest:.0f} s)"
         )
 
     def sizing_notes(self) -> list[str]:
@@ -218,7 +221,8 @@ class ConformanceSession:
                     f"{profile.settings.max_examples} examples per property "
                     f"(of {self.profile().settings.max_examples}) on smaller shapes, "
                     f"{profile.production_examples} per production regime, at most "
-                    f"{profile.test_budget_s:g} s of examples per test (by predicted cost); "
+                    f"{profile.cost_budget_s:g} s of examples in all, parted among its tests "
+                    "(by predicted cost); "
                     "coverage is reported, not required"
                 )
         return notes

@@ -129,15 +129,19 @@ class Comparison:
     worst_error: float
     worst_bound: float
 
-    def describe(self) -> str:
+    def describe(self, evidence: str | None = None) -> str:
+        """The verdict in words; ``evidence`` (``nan_evidence``) explains non-finite values
+        where the caller has the step, else a general hint does."""
         if self.checked_tokens == 0:
             return "no tokens checked"
         if self.nonfinite:
+            why = evidence or (
+                "cache memory outside the sequences holds NaN by design: a read past a "
+                "sequence's end, or an overflow in the kernel's own arithmetic"
+            )
             return (
                 f"{self.nonfinite} non-finite output values; first at token "
-                f"{self.worst_token}, head {self.worst_head} (cache memory outside the "
-                "sequences holds NaN by design: did the kernel read past a sequence's end, "
-                "or multiply a masked-out probability by such a value?)"
+                f"{self.worst_token}, head {self.worst_head} ({why})"
             )
         verdict = "within" if self.passed else "EXCEEDS"
         return (
