@@ -1,22 +1,20 @@
 """``sglang-triton``: SGLang's Triton decode and extend kernels, from the installed ``sglang``.
 
 The kernels are SGLang's own files (``sglang/kernels/ops/attention/
-decode_attention.py`` and ``extend_attention.py``), loaded from the installed
-wheel (``pip install --no-deps sglang``: the kernels need only torch and
-triton). The one engine-internal module they import that pulls in the server,
-``sglang.srt.utils``, is supplied here with the five platform probes the
-files call (NVIDIA or the CPU: never ROCm). SGLang's backend runs the decode
-kernel when every row decodes one token, the extend kernel otherwise (the
-cached prefix read through ``kv_indices``, the step's own tokens passed as
-``k_extend``/``v_extend``); so does this adapter, with the tables from the
-backend kit's ``sglang_metadata``.
+decode_attention.py`` and ``extend_attention.py``), loaded by path from the
+installed wheel (``pip install --no-deps sglang``); the one server module
+they import, ``sglang.srt.utils``, is supplied as the five platform probes
+they call (NVIDIA or the CPU, never ROCm). Called as SGLang's Triton backend
+calls them: decode when every row decodes one token (8 KV splits, its
+default; a window reads the trimmed tables its ``update_sliding_window_buffer``
+builds, each row's last ``min(seq_len, window - 1)`` keys), extend otherwise
+(the cached prefix through ``kv_indices``, the new tokens as ``k_extend``,
+the window as ``sliding_window_size = window - 1``, SGLang's convention).
+A window of 1 is 0 there, which SGLang takes as no window.
 
-Claims: what SGLang's Triton backend serves through these two kernels, less
-what the adapter does not reproduce: the sliding window (SGLang feeds it a
-second, trimmed set of tables) and ALiBi (not in these kernels). bf16 is not
-claimed, since Triton's interpreter computes it wrongly on the CPU and a
-claim cannot differ by device yet. Without ``sglang`` or ``triton`` installed
-it claims no device, and a default run leaves it out with a line saying so.
+Claims what that backend serves through these kernels (ALiBi is not among
+them). bf16 only on CUDA: Triton's interpreter computes it wrongly on the CPU.
+Without ``sglang`` or ``triton`` it claims no device.
 """
 
 from __future__ import annotations
@@ -99,9 +97,10 @@ class SglangTritonBackend(PagedBackendBase):
     @classmethod
     def capabilities(cls) -> Capabilities:
         return Capabilities(
-            dtypes=(torch.float32, torch.float16),
             devices=("cpu", "cuda") if _installed() else (),
+            dtypes_by_device={"cpu": (torch.float32, torch.float16)},
             interpreted_devices=("cpu",),
+            sliding_window=True,
             soft_cap=True,
             sinks=True,
             out_buffer=True,
@@ -128,14 +127,16 @@ class SglangTritonBackend(PagedBackendBase):
         query = query.contiguous()  # the kernels take a row stride and a head stride only
         out = torch.empty_like(query)
         k_buffer, v_buffer = _flat(cache.key_nhd), _flat(cache.value_nhd)
-        variant = self.variant
-        cap = variant.logits_soft_cap or 0.0
+        cap = self.variant.logits_soft_cap or 0.0
         sinks = self.per_head("sinks", query.device)
+        window = (self.variant.sliding_window or 0) - 1  # SGLang's size; <= 0: no window
         lengths = step.checked.query_lens
-        decoding = all(q == 1 for q in lengths)  # a one-token query sees every key either way
-        if decoding:
+        if all(q == 1 for q in lengths):  # decode: a one-token query sees every key either way
             rows = len(lengths)
-            splits = torch.clamp(view.seq_lens, 1, MAX_KV_SPLITS).to(torch.int32)
+            indptr, indices = (
+                view.last_keys(window) if window > 0 else (view.kv_indptr, view.kv_indices)
+            )
+            splits = torch.clamp(indptr[1:] - indptr[:-1], 1, MAX_KV_SPLITS).to(torch.int32)
             logits = torch.empty(
                 rows, self.num_heads, MAX_KV_SPLITS, self.head_dim,
                 dtype=torch.float32, device=query.device,
@@ -144,7 +145,7 @@ class SglangTritonBackend(PagedBackendBase):
                 rows, self.num_heads, MAX_KV_SPLITS, dtype=torch.float32, device=query.device
             )
             engine.decode(
-                query, k_buffer, v_buffer, out, view.kv_indptr, view.kv_indices,
+                query, k_buffer, v_buffer, out, indptr, indices,
                 logits, lse, splits, MAX_KV_SPLITS, self.scale, 1.0, 1.0,
                 logit_cap=cap, sinks=sinks,
             )  # fmt: skip
@@ -155,5 +156,6 @@ class SglangTritonBackend(PagedBackendBase):
             view.prefix_kv_indices, None, step.checked.causal, None,
             max(view.max_len_extend, 1), 1.0, 1.0,
             sm_scale=self.scale, logit_cap=cap, sinks=sinks,
+            sliding_window_size=window if window > 0 else -1,
         )  # fmt: skip
         return out

@@ -17,8 +17,9 @@ graph-mode padding rows are simply not scheduled.
 
 On CUDA the kernels are compiled by Triton. On the CPU they run in Triton's
 interpreter (no ``TRITON_INTERPRET`` needed, milliseconds per program, so
-for small shapes only), where ``tl.dot`` runs on fp32 operands because the
-interpreter's bf16 ``tl.dot`` is wrong. Needs the ``triton`` extra.
+for small shapes only), with its bf16 made that of compiled Triton
+(``harness.core.triton_bf16``): the same kernels, no CPU-only casts. Needs
+the ``triton`` extra.
 """
 
 from __future__ import annotations
@@ -300,7 +301,6 @@ class TritonBackend(PagedBackendBase):
         plan: TritonPlan = step.plan
         code = kernels(query.device)
         tiling = plan.tiling
-        fp32_dots = tiling.interpreted and query.dtype == torch.bfloat16
         precision = "ieee" if query.dtype == torch.float32 else "tf32"
         make = torch.empty if plan.all_tokens_covered else torch.zeros
         out = make(query.shape, dtype=query.dtype, device=query.device)
@@ -353,7 +353,6 @@ class TritonBackend(PagedBackendBase):
                 BLOCK_D=tiling.block_d,
                 BLOCK_N=tiling.block_n,
                 SPLIT=split,
-                DOT_F32=fp32_dots,
                 PRECISION=precision,
                 num_warps=DECODE_WARPS,
             )
@@ -393,7 +392,6 @@ class TritonBackend(PagedBackendBase):
                 BLOCK_M=plan.block_m,
                 BLOCK_N=tiling.block_n,
                 CAUSAL=step.checked.causal,
-                DOT_F32=fp32_dots,
                 PRECISION=precision,
                 num_warps=tiling.num_warps,
             )

@@ -16,8 +16,8 @@ the conformance suite).
 Numerics follow FlashAttention: inputs in their dtype, logits and the
 running sum in fp32 (``exp2`` of log2e-scaled logits), probabilities rounded
 to the value dtype before ``P @ V``. fp32 inputs use IEEE ``tl.dot`` (not
-TF32). ``DOT_F32`` upcasts the operands of both dots to fp32, for the
-interpreter, whose bf16 ``tl.dot`` is wrong.
+TF32). Under Triton's interpreter bf16 computes as compiled Triton does
+(``harness.core.triton_bf16``), so the kernels are the same on both.
 
 Variants: a sliding window starts each key loop at the window's first key
 and masks per query (``window`` is 2**30 when there is none); a soft-cap
@@ -85,7 +85,6 @@ def _attend_tile(
     bias,
     SOFT_CAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
-    DOT_F32: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     """One key tile of the online softmax: the running max, sum and weighted values after it.
@@ -93,8 +92,6 @@ def _attend_tile(
     A query row that sees no key of the tile keeps its state; one that has
     seen none yet gets max 0, so no ``-inf - -inf`` is ever computed.
     """
-    if DOT_F32:
-        k = k.to(tl.float32)
     dots = tl.dot(q, tl.trans(k), input_precision=PRECISION)
     if SOFT_CAP:  # noqa: SIM108 (a static branch on a constexpr, as every flag here)
         logits = _soft_capped(dots, cap_scale, cap_log2)
@@ -109,9 +106,6 @@ def _attend_tile(
     p = tl.exp2(logits - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     p = p.to(v.dtype)
-    if DOT_F32:
-        p = p.to(tl.float32)
-        v = v.to(tl.float32)
     acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
     return m_new, l_i, acc
 
@@ -162,7 +156,6 @@ def decode_split_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
-    DOT_F32: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     """One decode query, one KV head (all its query heads), one key range.
@@ -193,8 +186,6 @@ def decode_split_kernel(
         mask=mask_h[:, None] & mask_d[None, :],
         other=0.0,
     )
-    if DOT_F32:
-        q = q.to(tl.float32)
     slopes = tl.load(alibi_ptr + head, mask=mask_h & HAS_ALIBI, other=0.0) * 1.4426950408889634
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -217,7 +208,7 @@ def decode_split_kernel(
         bias = slopes[:, None] * (pos - (seq_len - 1)).to(tl.float32)[None, :]
         m_i, l_i, acc = _attend_tile(
             q, k, v, m_i, l_i, acc, valid[None, :], scale_log2, cap_scale, cap_log2, bias,
-            SOFT_CAP, HAS_ALIBI, DOT_F32, PRECISION,
+            SOFT_CAP, HAS_ALIBI, PRECISION,
         )  # fmt: skip
 
     has_keys = l_i > 0.0
@@ -337,7 +328,6 @@ def prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
-    DOT_F32: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     """``BLOCK_M // GROUP_PAD`` query tokens of one sequence x one KV head's query heads.
@@ -370,8 +360,6 @@ def prefill_kernel(
         mask=mask_m[:, None] & mask_d[None, :],
         other=0.0,
     )
-    if DOT_F32:
-        q = q.to(tl.float32)
     slopes = tl.load(alibi_ptr + head, mask=mask_m & HAS_ALIBI, other=0.0) * 1.4426950408889634
 
     if CAUSAL:
@@ -402,7 +390,7 @@ def prefill_kernel(
         bias = slopes[:, None] * (pos[None, :] - q_pos[:, None]).to(tl.float32)
         m_i, l_i, acc = _attend_tile(
             q, k, v, m_i, l_i, acc, keep, scale_log2, cap_scale, cap_log2, bias,
-            SOFT_CAP, HAS_ALIBI, DOT_F32, PRECISION,
+            SOFT_CAP, HAS_ALIBI, PRECISION,
         )  # fmt: skip
 
     result = _sink_normalised(acc, m_i, l_i, sinks_ptr, head, mask_m, HAS_SINKS)

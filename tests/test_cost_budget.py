@@ -62,7 +62,7 @@ def test_one_size_seen_is_taken_as_half_fixed_half_per_tile():
 
 
 def test_the_ledger_admits_what_fits_and_records_the_rest():
-    ledger = CostLedger(budget_s=20.0, tests={"k": 2})  # 10 s for the first test
+    ledger = CostLedger(budget_s=60.0, tests={"k": 18})  # 3 x 60 / 18 = 10 s for the first
     assert ledger.admit("k", "t", 100, "first")  # no prediction yet: it runs
     ledger.charge("k", "t", 100, 4.0)  # taken as 2 s fixed, 0.02 s per tile; 6 s left
     assert ledger.admit("k", "t", 190, "fits")  # 5.8 s predicted
@@ -74,13 +74,15 @@ def test_the_ledger_admits_what_fits_and_records_the_rest():
 
 
 def test_a_cheap_test_leaves_its_seconds_to_the_tests_after_it():
-    ledger = CostLedger(budget_s=30.0, tests={"k": 3})
-    assert ledger.allowance("k", "first") == 10.0
+    ledger = CostLedger(budget_s=60.0, tests={"k": 6})
+    assert ledger.allowance("k", "first") == 30.0  # up to 3 of the 6 equal parts
     ledger.charge("k", "first", 10, 1.0)
-    assert ledger.allowance("k", "second") == 14.5  # (30 - 1) / 2
-    ledger.charge("k", "second", 10, 14.5)
-    assert ledger.allowance("k", "third") == 14.5
-    assert ledger.allowance("other backend", "first") == 30.0  # its own budget
+    assert ledger.allowance("k", "second") == pytest.approx(3 * 59 / 5)
+    ledger.charge("k", "second", 10, 35.4)
+    assert ledger.allowance("k", "third") == pytest.approx(3 * 23.6 / 4)
+    assert ledger.allowance("other backend", "first") == 60.0  # its own budget, tests uncounted
+    last = CostLedger(budget_s=10.0, tests={"k": 1})
+    assert last.allowance("k", "only") == 10.0  # never more than is left
 
 
 def test_an_overrun_is_not_checked_and_teaches_the_meter():
@@ -156,3 +158,36 @@ def test_an_interpreted_example_past_its_deadline_is_not_checked_not_failed(conf
     assert "passed" not in table
     assert "nothing could be checked" in out  # and a run that checked nothing fails
     assert result.returncode == EXIT_FAILED, out[-3000:]
+
+
+def test_after_a_failure_every_example_runs_so_the_replay_sees_it_fail_again():
+    ledger = CostLedger(budget_s=4.0)
+    ledger.charge("k", "t", 10, 4.0)  # the part is spent
+    assert not ledger.admit("k", "t", 10, "refused while the test holds")
+    ledger.failed("k", "t")
+    assert ledger.admit("k", "t", 10_000, "shrinking and the replay run it")
+    assert ledger.deadline_s("k", "t") == float("inf")  # the profile's own limit applies
+    assert not ledger.admit("k", "other", 10, "the spent budget still binds other tests")
+
+
+def test_the_stateful_step_cap_is_fixed_at_the_tests_start():
+    ledger = CostLedger(budget_s=30.0, tests={"k": 3})  # 30 s for the first test
+    ledger.charge("k", "warm-up", 10, 1.0)
+    ledger.charge("k", "warm-up", 110, 2.0)  # fitted: 0.9 s fixed, 0.01 s per tile
+    costs = ledger.for_test("k", "stateful")
+    cap = ledger.step_cap("k", "stateful", 10)  # its part, 30 - 3 s left, over 10 steps
+    assert cap == pytest.approx((2.7 - 0.9) / 0.01)
+    assert costs.admit_step(int(cap), "fits", 10)
+    assert not costs.admit_step(int(cap) + 1, "too big", 10)
+    ledger.charge("k", "stateful", 1, 1000.0)  # however the clock runs afterwards
+    assert ledger.step_cap("k", "stateful", 10) == cap
+    assert costs.admit_step(int(cap), "still fits", 10)
+    (skipped,) = ledger.not_checked("k")
+    assert skipped.kind == "stateful step"
+
+
+def test_a_step_cap_never_refuses_the_smallest_steps():
+    ledger = CostLedger(budget_s=1.0)
+    ledger.charge("k", "slow", 10, 5.0)
+    ledger.charge("k", "slow", 20, 6.0)
+    assert ledger.step_cap("k", "stateful", 100) == 16

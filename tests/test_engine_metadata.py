@@ -151,6 +151,18 @@ def test_sglang_view_of_a_ragged_batch_on_a_dp_rank(ragged_rank_step):
     assert view.kv_indptr.dtype == view.req_to_token.dtype == torch.int32
 
 
+def test_sglang_window_tables_keep_each_rows_last_keys(ragged_rank_step):
+    view = sglang_metadata(ragged_rank_step)
+    indptr, indices = view.last_keys(3)
+    assert _ints(indptr) == [0, 3, 4, 4]  # min(6, 3), min(1, 3), the padding row's 0
+    assert _ints(indices) == [7, 0, 1, 12]
+    assert indptr.dtype == torch.int32
+    assert indices.dtype == torch.int64
+    empty_indptr, empty = view.last_keys(0)
+    assert _ints(empty_indptr) == [0, 0, 0, 0]
+    assert empty.numel() == 0
+
+
 def test_shared_prefix_pages_appear_in_both_rows():
     """Two sequences share page 2 (a common prefix) on one pool; both decode."""
     step = _step(

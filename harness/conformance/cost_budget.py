@@ -25,8 +25,14 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from harness.numerics.scenario import Scenario
+
 QUERY_TILE = 16
 KEY_TILE = 32
+SHARE_MULTIPLE = 3.0
+"""A test may spend this many equal parts of what is left of its backend's budget."""
+MIN_STEP_TILES = 16
+"""A stateful step this small is always taken: every run checks its small steps."""
 
 
 def step_work(
@@ -44,11 +50,10 @@ def step_work(
     return num_layers * (1 + num_heads * tiles)
 
 
-def scenarios_work(scenarios: Iterable[object]) -> int:
+def scenarios_work(scenarios: Iterable[Scenario]) -> int:
     """``step_work`` summed over an example's steps (every rank's, every layer's)."""
     return sum(
-        step_work(s.num_layers, s.num_heads, s.query_lens, s.context_lens)  # type: ignore[attr-defined]
-        for s in scenarios
+        step_work(s.num_layers, s.num_heads, s.query_lens, s.context_lens) for s in scenarios
     )
 
 
@@ -115,8 +120,10 @@ class CostLedger:
     """One run's costs per backend and per test, and the examples it left unchecked.
 
     A backend's budget is shared by its tests: each test, when it first asks,
-    gets an equal part of what the tests before it left, so a cheap test's
-    unused seconds go to the costly ones after it.
+    may spend up to ``SHARE_MULTIPLE`` equal parts of what the tests before it
+    left (costs are uneven: most rejection tests need a second, an oracle test
+    on production shapes a minute), so a cheap test's unused seconds go to the
+    costly ones after it, and no test takes what the rest need.
     """
 
     budget_s: float  # seconds of examples one backend's run may spend, all its tests together
@@ -126,6 +133,8 @@ class CostLedger:
     spent: dict[tuple[str, str], float] = field(default_factory=dict)
     checked: dict[tuple[str, str], int] = field(default_factory=dict)
     skipped: list[NotChecked] = field(default_factory=list)
+    failing: set[tuple[str, str]] = field(default_factory=set)  # tests that have failed
+    step_caps: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def _meter(self, backend: str, test: str) -> CostMeter:
         """The test's own meter once it has two examples; before, the backend's."""
@@ -141,7 +150,8 @@ class CostLedger:
             spent = sum(v for (b, _), v in self.spent.items() if b == backend)
             started = sum(1 for b, _ in self.allowances if b == backend)
             waiting = max(1, self.tests.get(backend, 1) - started)
-            self.allowances[key] = max(0.0, self.budget_s - spent) / waiting
+            left = max(0.0, self.budget_s - spent)
+            self.allowances[key] = min(left, SHARE_MULTIPLE * left / waiting)
         return self.allowances[key]
 
     def left(self, backend: str, test: str) -> float:
@@ -149,8 +159,36 @@ class CostLedger:
 
     def deadline_s(self, backend: str, test: str) -> float:
         """How long the next example may run: what is left of the test's part, never
-        under a quarter of it (an example as cheap as predicted finishes well inside)."""
+        under a quarter of it (an example as cheap as predicted finishes well inside);
+        no limit of its own once the test has failed."""
+        if (backend, test) in self.failing:
+            return math.inf
         return max(self.left(backend, test), self.allowance(backend, test) / 4)
+
+    def failed(self, backend: str, test: str) -> None:
+        """The test has failed: from now on every example runs, so hypothesis's shrinking
+        and its replay of the failure see the same outcome as the first run (an example
+        refused on replay would pass, and hypothesis would report the test as flaky)."""
+        self.failing.add((backend, test))
+
+    def step_cap(self, backend: str, test: str, steps: int) -> float:
+        """The most tiles one stateful step may have: fixed at the test's start, so a
+        step's admission depends only on its own draw, never on the clock (hypothesis
+        replays a run's prefix and requires the same draws from it).
+
+        It is the largest step whose predicted cost fits the test's part spread over
+        ``steps``, the most steps the test can take; at least ``MIN_STEP_TILES``.
+        """
+        key = (backend, test)
+        if key not in self.step_caps:
+            fitted = self._meter(backend, test).fit()
+            share = self.allowance(backend, test) / max(steps, 1)
+            if fitted is None or fitted[1] == 0:
+                cap = math.inf
+            else:
+                cap = max(MIN_STEP_TILES, (share - fitted[0]) / fitted[1])
+            self.step_caps[key] = cap
+        return self.step_caps[key]
 
     def admit(
         self, backend: str, test: str, work: int, scenario: str, kind: str = "example"
@@ -162,7 +200,7 @@ class CostLedger:
         """
         left = self.left(backend, test)  # fixes the test's part at its first example
         predicted = self._meter(backend, test).predict(work)
-        if predicted is None or predicted <= left:
+        if predicted is None or predicted <= left or (backend, test) in self.failing:
             return True
         self.skipped.append(NotChecked(backend, test, predicted, False, scenario, kind))
         return False
@@ -222,6 +260,19 @@ class TestCosts:
 
     def admit(self, work: int, scenario: str, kind: str = "example") -> bool:
         return self.ledger.admit(self.backend, self.test, work, scenario, kind)
+
+    def admit_step(self, work: int, scenario: str, steps: int) -> bool:
+        """Whether a stateful step of ``work`` tiles is taken (``CostLedger.step_cap``)."""
+        if work <= self.ledger.step_cap(self.backend, self.test, steps):
+            return True
+        predicted = self.ledger._meter(self.backend, self.test).predict(work) or 0.0
+        self.ledger.skipped.append(
+            NotChecked(self.backend, self.test, predicted, False, scenario, "stateful step")
+        )
+        return False
+
+    def failed(self) -> None:
+        self.ledger.failed(self.backend, self.test)
 
     def deadline_s(self) -> float:
         return self.ledger.deadline_s(self.backend, self.test)

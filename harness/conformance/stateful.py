@@ -82,13 +82,15 @@ def conformance_machine(
     on_step: Callable[[Scenario], None] | None = None,
     on_run: Callable[[StatefulRun], None] | None = None,
     costs: TestCosts | None = None,
+    max_steps: int = 1,
 ) -> type[RuleBasedStateMachine]:
     """A state machine class bound to ``entry``, drawing inside its capabilities.
 
-    With ``costs`` (a backend that runs interpreted), a step whose predicted
-    cost does not fit what is left of the test's budget is not taken: neither
-    the backend nor the harness's model of the pool moves, so every later
-    step stays consistent, and the run counts it under ``skipped``.
+    With ``costs`` (a backend that runs interpreted), a step larger than the
+    test's step cap (``CostLedger.step_cap``: its part of the budget spread
+    over ``max_steps``) is not taken: neither the backend nor the harness's
+    model of the pool moves, so every later step stays consistent, and the
+    run counts it under ``skipped``.
     """
     caps = entry.capabilities
     max_dp = min(budget.max_dp_size, caps.max_dp_size or budget.max_dp_size, MAX_STATEFUL_DP)
@@ -307,7 +309,8 @@ def conformance_machine(
             work = step_work(
                 g.num_layers, g.num_heads, queries, [rank.cached_len(s) + q for s, q in requests]
             )
-            if costs is not None and not costs.admit(work, f"queries {queries}", "stateful step"):
+            shown = f"queries {queries}"
+            if costs is not None and not costs.admit_step(work, shown, max_steps):
                 self.run.skipped["step: over the interpreted budget"] += 1
                 return
             start = time.perf_counter()

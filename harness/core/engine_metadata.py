@@ -74,6 +74,17 @@ class SglangMetadata:
     req_to_token: torch.Tensor  # int32 [B, max(seq_lens)]: slots, then pad_slot
     max_len_extend: int  # longest query of the step
 
+    def last_keys(self, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(kv_indptr, kv_indices)`` of each sequence's last ``min(seq_len, keep)`` keys:
+        the trimmed tables SGLang's sliding-window decode reads."""
+        lens = torch.clamp(self.seq_lens.long(), max=max(keep, 0))
+        indptr = torch.zeros_like(self.kv_indptr)
+        indptr[1:] = torch.cumsum(lens, 0)
+        starts = self.kv_indptr[:-1].long() + self.seq_lens.long() - lens
+        first = torch.repeat_interleave(indptr[:-1].long(), lens)
+        offsets = torch.arange(first.numel(), device=first.device) - first
+        return indptr, self.kv_indices[torch.repeat_interleave(starts, lens) + offsets]
+
 
 def _int32(values: list[int], device: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int32, device=device)

@@ -6,7 +6,7 @@ its interpreter on the host, from ``TRITON_INTERPRET``. A process that runs
 Triton kernels on CPU tensors must therefore choose before anything imports
 triton, and torch itself may (``torch.compile`` does). CPU-only entry points
 (the conformance suite on the CPU, ``attn-harness check``) call
-``interpret_triton_here`` first.
+``interpret_triton_here`` first; it also makes the interpreter's bf16 right.
 """
 
 from __future__ import annotations
@@ -25,9 +25,16 @@ def triton_interprets() -> bool:
 def interpret_triton_here() -> bool:
     """Ask for Triton's interpreter in this process unless triton is already imported.
 
-    An explicit ``TRITON_INTERPRET`` is left as it is. Returns whether Triton
-    will interpret.
+    An explicit ``TRITON_INTERPRET`` is left as it is. Where Triton will
+    interpret, its bf16 arithmetic is made that of compiled Triton
+    (``triton_bf16``), so a kernel checked in bf16 on the CPU is judged on
+    its own numerics. Returns whether Triton will interpret.
     """
     if "TRITON_INTERPRET" not in os.environ and "triton" not in sys.modules:
         os.environ["TRITON_INTERPRET"] = "1"
-    return triton_interprets()
+    if not triton_interprets():
+        return False
+    from harness.core.triton_bf16 import use_compiled_bf16
+
+    use_compiled_bf16()
+    return True

@@ -207,6 +207,9 @@ def _check_within_budget(
     except ExampleTimeout:
         costs.overran(work, time.perf_counter() - start, shown)
         return
+    except BaseException:
+        costs.failed()  # shrinking and the replay run every example, as the first run did
+        raise
     costs.charge(work, time.perf_counter() - start)
 
 

@@ -29,6 +29,7 @@ def test_stateful_steps(backend_entry) -> None:
         on_step=lambda scenario: record_examples(backend_entry.name, [scenario], example=False),
         on_run=lambda run: record_run(backend_entry.name, run),
         costs=None if ledger is None else ledger.for_test(backend_entry.name, current_item()),
+        max_steps=profile.stateful_examples * profile.stateful_steps,
     )
     run_machine(
         replayable(machine),
