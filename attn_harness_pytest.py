@@ -53,6 +53,7 @@ from harness.core.atomic_file import write_json_atomically
 SESSION_KEY = pytest.StashKey[ConformanceSession]()
 """Where a run's :class:`ConformanceSession` lives: ``config.stash[SESSION_KEY]``."""
 _TOKEN_KEY = pytest.StashKey[Token[ConformanceSession | None]]()
+_SHRINK_KEY = pytest.StashKey[float]()  # hypothesis's shrink budget before this run lowered it
 _ACTIVE: ContextVar[ConformanceSession | None] = ContextVar("attn_harness_session", default=None)
 """The session of the pytest run in progress in this context (``None`` outside one)."""
 
@@ -201,6 +202,10 @@ def _start(config: pytest.Config, options: ConformanceOptions) -> ConformanceSes
     return made
 
 
+INTERPRETED_SHRINK_S = 60.0
+"""How long a failure is shrunk when a selected backend runs interpreted and no limit is asked."""
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     """Given the suite's folder, pytest imports its conftest before ``pytest_configure``."""
@@ -221,11 +226,20 @@ def pytest_configure(config: pytest.Config) -> None:
         run.resolve_backends()  # now, so an unloadable spec is a usage error before collection
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from exc
+    if shrink is None and shrinks is None and run.runs_interpreted():
+        from hypothesis.internal.conjecture import engine
+
+        config.stash[_SHRINK_KEY] = getattr(engine, "MAX_SHRINKING_SECONDS", 300)
+        _limit_shrinking(INTERPRETED_SHRINK_S)  # each shrink step re-runs an interpreted kernel
+        run.shrink_limit = INTERPRETED_SHRINK_S
     if config.getoption("conformance_output") == "compact":
         _install_compact_reporter(config, run)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    previous = config.stash.get(_SHRINK_KEY, None)
+    if previous is not None:  # the next in-process run starts from hypothesis's own budget
+        _limit_shrinking(previous)
     token = config.stash.get(_TOKEN_KEY, None)
     if token is not None:
         _ACTIVE.reset(token)

@@ -13,8 +13,8 @@ the window as ``sliding_window_size = window - 1``, SGLang's convention).
 A window of 1 is 0 there, which SGLang takes as no window.
 
 Claims what that backend serves through these kernels (ALiBi is not among
-them). bf16 only on CUDA: Triton's interpreter computes it wrongly on the CPU.
-Without ``sglang`` or ``triton`` it claims no device.
+them), bf16 on the CPU too (the harness makes the interpreter's bf16 that of
+compiled Triton). Without ``sglang`` or ``triton`` it claims no device.
 """
 
 from __future__ import annotations
@@ -98,7 +98,6 @@ class SglangTritonBackend(PagedBackendBase):
     def capabilities(cls) -> Capabilities:
         return Capabilities(
             devices=("cpu", "cuda") if _installed() else (),
-            dtypes_by_device={"cpu": (torch.float32, torch.float16)},
             interpreted_devices=("cpu",),
             sliding_window=True,
             soft_cap=True,

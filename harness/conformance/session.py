@@ -81,6 +81,7 @@ class ConformanceSession:
     evidence: Any = None  # triage.TriageLog: every labelled example, held or failed
     cost: Any = None  # cost_budget.CostLedger of the interpreted backends, made when first asked
     tests_per_backend: dict[str, int] = field(default_factory=dict)  # counted at collection
+    shrink_limit: float | None = None  # set for a run with an interpreted backend, unless asked
     verdicts: Any = None  # report.Verdicts
     reporter: Any = None  # the compact reporter, when the run uses it
     current_test: str | None = None  # the conformance test running now (coverage counts it)
@@ -166,6 +167,10 @@ class ConformanceSession:
             self._profiles[interpreted] = profile.interpreted() if interpreted else profile
         return self._profiles[interpreted]
 
+    def runs_interpreted(self) -> bool:
+        """Whether a selected backend runs interpreted on the chosen device."""
+        return any(self.interpreted_here(entry) for entry in self.selected_entries())
+
     def cost_ledger(self, entry: Any) -> Any:
         """The run's ``cost_budget.CostLedger`` where ``entry`` runs interpreted, else ``None``."""
         if not self.interpreted_here(entry):
@@ -225,6 +230,11 @@ class ConformanceSession:
                     "(by predicted cost); "
                     "coverage is reported, not required"
                 )
+        if self.shrink_limit is not None:
+            notes.append(
+                f"a failure is shrunk for at most {self.shrink_limit:g} s (a backend runs "
+                "interpreted; --shrink-time-limit or --max-shrinks sets it)"
+            )
         return notes
 
     # -- what ran ----------------------------------------------------------------------

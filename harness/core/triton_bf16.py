@@ -11,7 +11,8 @@ not its own.
 ``use_compiled_bf16`` fixes the interpreter's builder (once per process, only
 when Triton interprets) so bf16 computes as compiled Triton does: operands
 widened to float32 (exact), the operation in float32, the result rounded
-back to bf16 to nearest-even; ``tl.dot`` of bf16 operands accumulates in its
+back to bf16 to nearest-even, as every cast to bf16 rounds (the interpreter
+truncates); ``tl.dot`` of bf16 operands accumulates in its
 accumulator's dtype (float32) from exact products; a float constant becomes
 a rounded bf16 scalar; reductions combine in bf16, pairwise as a GPU's tree
 reduction does, each partial sum rounded; scans run in float32 and round once.
@@ -23,8 +24,6 @@ import functools
 from typing import Any
 
 import numpy as np
-
-from harness.core.triton_mode import triton_interprets
 
 
 def widen(bits: np.ndarray) -> np.ndarray:
@@ -52,12 +51,12 @@ def _tree_sum(values: np.ndarray, axis: int) -> np.ndarray:
 
 @functools.cache
 def use_compiled_bf16() -> bool:
-    """Make the interpreter's bf16 arithmetic that of compiled Triton; whether it applies.
+    """Make the interpreter's bf16 arithmetic that of compiled Triton; whether it applied.
 
-    Nothing changes when Triton compiles kernels, or is not installed.
+    Only the interpreter's builder changes: compiled kernels never use it.
+    ``harness.core.triton_mode.interpret_triton_here`` calls this when Triton
+    will interpret. False when triton is not installed.
     """
-    if not triton_interprets():
-        return False
     try:
         import triton.language as tl
         from triton.runtime import interpreter
@@ -108,7 +107,19 @@ def _patch(interp: Any, tl: Any) -> None:
             return clampf(self, arg, lo, hi, propagate_nans)
         return rounded(np.clip(widen(arg.data), widen(lo.data), widen(hi.data)))
 
+    cast = builder.cast_impl
+
+    def cast_impl(self: Any, src: Any, dst_type: Any) -> Any:
+        to_bf16, from_bf16 = dst_type.scalar == bf16, is_bf16(src)
+        if to_bf16 == from_bf16:
+            return cast(self, src, dst_type)
+        if to_bf16:  # the interpreter truncates; compiled Triton rounds to nearest-even
+            return rounded(np.asarray(src.data).astype(np.float32))
+        target = interp._get_np_dtype(dst_type)
+        return handle(widen(src.data).astype(target), dst_type.scalar)
+
     builder.binary_op, builder.unary_op, builder.create_dot = binary_op, unary_op, create_dot
+    builder.cast_impl = cast_impl  # every create_*_to_* and fp ext/trunc goes through it
     builder.create_fma, builder.create_clampf = create_fma, create_clampf
     builder.create_rsqrt = lambda self, arg: (
         rounded(1 / np.sqrt(widen(arg.data)))

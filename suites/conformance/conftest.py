@@ -97,8 +97,8 @@ def _inside_claim(request: pytest.FixtureRequest) -> None:
     device = current_device()
     if device not in caps.devices:
         pytest.skip(f"{entry.name} does not claim device {device!r} (claims {caps.devices})")
-    if not caps.dtypes:
-        pytest.skip(f"{entry.name} claims no dtype")
+    if not caps.dtypes_on(device):
+        pytest.skip(f"{entry.name} claims no dtype on {device!r}")
     if caps.page_sizes == () or caps.head_dims == ():  # an empty tuple claims none, unlike None
         pytest.skip(f"{entry.name} claims no page size or no head dim")
 

@@ -21,6 +21,7 @@ from harness.conformance.properties import (
 from suites.conformance.conftest import (
     check,
     conformance_settings,
+    current_device,
     draw_ranks,
     draw_scenario,
 )
@@ -30,9 +31,9 @@ DTYPES = ("float32", "float16", "bfloat16")
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_outputs_match_oracle(backend_entry, dtype) -> None:
-    claimed = backend_entry.capabilities.dtypes
+    claimed = backend_entry.capabilities.dtypes_on(current_device())
     if getattr(torch, dtype) not in claimed:
-        pytest.skip(f"{backend_entry.name} does not claim {dtype}")
+        pytest.skip(f"{backend_entry.name} does not claim {dtype} on {current_device()}")
     share = math.ceil(profile_for(backend_entry).settings.max_examples / len(claimed))
 
     @settings(conformance_settings, max_examples=share)
