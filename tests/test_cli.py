@@ -110,7 +110,7 @@ def test_list_json(capsys: pytest.CaptureFixture[str]) -> None:
         assert entry["dp_aware"] is True
     for name in ("compiled", "flex", "reference", "sdpa", "triton"):
         assert by_name[name]["dtypes"] == ["float32", "float16", "bfloat16"]
-    assert by_name["sglang-triton"]["dtypes"] == ["float32", "float16"]  # bf16: see its docstring
+    assert by_name["sglang-triton"]["dtypes"] == ["float32", "float16", "bfloat16"]
     assert data["load_errors"] == {}
 
 
