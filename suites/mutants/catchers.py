@@ -78,5 +78,5 @@ CAUGHT_BY: dict[str, str] = {
     "suites.mutants.variants:OutBufferIgnored": "test_out_buffer_is_the_result",
     "suites.mutants.variants:SoftCapBeforeScale": "test_lse_matches_oracle",
     "suites.mutants.variants:WindowOffByOne": "test_lse_matches_oracle",
-    "suites.mutants.variants:WindowOnlyInPrefill": "test_stateful_steps",
+    "suites.mutants.variants:WindowOnlyInPrefill": "test_outputs_match_oracle",
 }
