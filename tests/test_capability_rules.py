@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from harness.conformance.check_matrix import quick_coverage
 from harness.conformance.claim_coverage import requirements
-from harness.conformance.profiles import get_profile
 from harness.conformance.step_strategies import production_scenarios, scenarios
+from harness.conformance.strategies import CI_BUDGET
 from harness.core.contract import Capabilities
 from harness.core.registry import BackendEntry
 from harness.dist.claims import claim_problems, fit_claim
@@ -162,29 +162,23 @@ def test_variant_draws_still_reach_every_feature():
     assert {"window", "cap", "sinks", "alibi", "cap+planted"} <= set(seen), seen
 
 
+def _promised(caps: Capabilities, dimension: str, device: str = "cpu") -> list[str]:
+    """The values of ``dimension`` the ci profile promises inside ``caps``, in order."""
+    found = requirements(
+        caps,
+        dp_aware=True,
+        max_dp_size=CI_BUDGET.max_dp_size,
+        max_context=CI_BUDGET.max_context,
+        limit=CI_BUDGET.production,
+        device=device,
+    )
+    return [r.wanted for r in found if r.dimension == dimension]
+
+
 def test_coverage_promises_only_values_the_rules_allow():
-    profile = get_profile("ci")
-    budget = profile.budget
-    wanted = requirements(
-        RULED,
-        dp_aware=True,
-        max_dp_size=budget.max_dp_size,
-        max_context=budget.max_context,
-        limit=budget.production,
-    )
-    page_values = [r.wanted for r in wanted if r.dimension == "page_size"]
-    head_values = [r.wanted for r in wanted if r.dimension == "head_dim"]
-    assert page_values == ["16"]
-    assert head_values == ["32", "64"]  # the head dims plain draws take, x16 and >= 32
-    on_cpu = requirements(
-        BY_DEVICE,
-        dp_aware=True,
-        max_dp_size=budget.max_dp_size,
-        max_context=budget.max_context,
-        limit=budget.production,
-        device="cpu",
-    )
-    assert [r.wanted for r in on_cpu if r.dimension == "dtype"] == ["float32", "float16"]
+    assert _promised(RULED, "page_size") == ["16"]
+    assert _promised(RULED, "head_dim") == ["32", "64"]  # the plain draws' head dims, x16, >= 32
+    assert _promised(BY_DEVICE, "dtype", device="cpu") == ["float32", "float16"]
 
 
 def test_the_quick_check_keeps_to_the_rules():
