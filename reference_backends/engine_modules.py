@@ -19,6 +19,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 
 class EngineMissing(ImportError):
@@ -84,6 +85,14 @@ def load_engine_files(
                 sys.modules.pop(name, None)
             else:
                 sys.modules[name] = previous
+
+
+def stand_in(name: str, **names: Any) -> ModuleType:
+    """A module ``name`` holding only ``names``: an engine internal as far as a kernel file
+    reads it (a platform probe, a setting), so that the engine's own module never runs."""
+    module = ModuleType(name)
+    module.__dict__.update(names)
+    return module
 
 
 def _namespace(name: str) -> ModuleType:

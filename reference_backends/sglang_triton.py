@@ -21,18 +21,18 @@ from __future__ import annotations
 
 import functools
 from types import ModuleType, SimpleNamespace
-from typing import Any
 
 import torch
 
 from harness.core.contract import Capabilities, LayerCache
 from harness.core.engine_metadata import sglang_metadata
-from harness.core.errors import Unsupported
-from harness.core.paged_base import PagedBackendBase, PreparedStep
-from harness.core.triton_mode import interpret_triton_here, triton_interprets
-from reference_backends.engine_modules import EngineMissing, load_engine_files, package_root
+from harness.core.paged_base import PreparedStep
+from harness.core.triton_mode import triton_interprets
+from reference_backends.engine_backend import EngineKernelBackend
+from reference_backends.engine_modules import load_engine_files, stand_in
 
 KERNELS = "sglang.kernels.ops.attention"
+KERNEL_FILES = ("score_mod", "decode_attention", "extend_attention")
 MAX_KV_SPLITS = 8
 """SGLang's default ``--triton-attention-num-kv-splits``."""
 
@@ -44,35 +44,14 @@ def _platform_probes() -> ModuleType:
     def cores(device: int = 0) -> int:
         return torch.cuda.get_device_properties(device).multi_processor_count if cuda else 1
 
-    probes = ModuleType("sglang.srt.utils")
-    probes.__dict__.update(
+    return stand_in(
+        "sglang.srt.utils",
         is_hip=lambda: False,
         is_cuda=lambda: cuda,
         is_gfx95_supported=lambda: False,
         is_gfx1250_supported=lambda: False,
         get_device_core_count=cores,
     )
-    return probes
-
-
-@functools.cache
-def kernels() -> SimpleNamespace:
-    """SGLang's decode and extend entry points, loaded once per process."""
-    names = [
-        "sglang.srt.environ",
-        f"{KERNELS}.score_mod",
-        f"{KERNELS}.decode_attention",
-        f"{KERNELS}.extend_attention",
-    ]
-    loaded = load_engine_files("sglang", names, {"sglang.srt.utils": _platform_probes()})
-    return SimpleNamespace(
-        decode=loaded[f"{KERNELS}.decode_attention"].decode_attention_fwd,
-        extend=loaded[f"{KERNELS}.extend_attention"].extend_attention_fwd,
-    )
-
-
-def _installed() -> bool:
-    return package_root("sglang") is not None and package_root("triton") is not None
 
 
 def _flat(tensor: torch.Tensor) -> torch.Tensor:
@@ -84,20 +63,26 @@ def _flat(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1, *tensor.shape[2:])
 
 
-class SglangTritonBackend(PagedBackendBase):
+class SglangTritonBackend(EngineKernelBackend):
     """SGLang's Triton attention kernels behind the harness's contract."""
 
-    per_sequence_rows = False
+    adapter, engine = "sglang-triton", "sglang"
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        if not _installed():
-            raise Unsupported("sglang-triton needs sglang and triton: pip install --no-deps sglang")
+    @staticmethod
+    @functools.cache
+    def load_kernels() -> SimpleNamespace:
+        """SGLang's decode and extend entry points, loaded once per process."""
+        names = ["sglang.srt.environ", *(f"{KERNELS}.{n}" for n in KERNEL_FILES)]
+        loaded = load_engine_files("sglang", names, {"sglang.srt.utils": _platform_probes()})
+        return SimpleNamespace(
+            decode=loaded[f"{KERNELS}.decode_attention"].decode_attention_fwd,
+            extend=loaded[f"{KERNELS}.extend_attention"].extend_attention_fwd,
+        )
 
     @classmethod
     def capabilities(cls) -> Capabilities:
         return Capabilities(
-            devices=("cpu", "cuda") if _installed() else (),
+            devices=cls.engine_devices(),
             interpreted_devices=("cpu",),
             sliding_window=True,
             soft_cap=True,
@@ -116,12 +101,7 @@ class SglangTritonBackend(PagedBackendBase):
     ) -> torch.Tensor:
         assert key is not None
         assert value is not None
-        if query.device.type == "cpu" and not interpret_triton_here():
-            raise Unsupported("sglang-triton runs on the CPU only with TRITON_INTERPRET=1")
-        try:  # loaded at the first step, once its device has chosen how triton runs
-            engine = kernels()
-        except EngineMissing as exc:
-            raise Unsupported(f"sglang-triton: {exc}") from exc
+        engine = self.kernels_for(query)
         view = sglang_metadata(step)
         query = query.contiguous()  # the kernels take a row stride and a head stride only
         out = torch.empty_like(query)

@@ -103,14 +103,23 @@ def test_list_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["list", "--json"]) == EXIT_OK
     data = json.loads(capsys.readouterr().out)
     by_name = {b["name"]: b for b in data["backends"]}
-    assert set(by_name) == {"compiled", "flex", "reference", "sdpa", "sglang-triton", "triton"}
+    assert set(by_name) == {
+        "compiled",
+        "flex",
+        "reference",
+        "sdpa",
+        "sglang-triton",
+        "triton",
+        "vllm-triton",
+    }
     for entry in by_name.values():
         assert {"name", "origin", "dp_aware", "dtypes"} <= set(entry)
         assert entry["origin"] == "built-in"
         assert entry["dp_aware"] is True
     for name in ("compiled", "flex", "reference", "sdpa", "triton"):
         assert by_name[name]["dtypes"] == ["float32", "float16", "bfloat16"]
-    assert by_name["sglang-triton"]["dtypes"] == ["float32", "float16", "bfloat16"]
+    for engine in ("sglang-triton", "vllm-triton"):
+        assert by_name[engine]["dtypes"] == ["float32", "float16", "bfloat16"]
     assert data["load_errors"] == {}
 
 

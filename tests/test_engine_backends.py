@@ -1,14 +1,15 @@
-"""Engine kernels as backends: loading an engine's files by path, and ``sglang-triton``.
+"""Engine kernels as backends: loading engine files by path, sglang-triton and vllm-triton.
 
 The loader is tested on a package written here (an engine whose ``__init__``
 would fail, as SGLang's does without its server's dependencies). The
-adapter's own test needs the ``sglang`` wheel (``nox -s engines`` installs
-it with ``--no-deps``); without it, the test checks that the backend claims
-no device and says what to install.
+adapters' own tests need the engines' wheels (``nox -s engines`` installs
+them with ``--no-deps``); without one, the test checks that its backend
+claims no device and says what to install.
 """
 
 from __future__ import annotations
 
+import ast
 import sys
 import textwrap
 from pathlib import Path
@@ -25,6 +26,7 @@ from reference_backends.engine_modules import (
     package_root,
 )
 from reference_backends.sglang_triton import SglangTritonBackend
+from reference_backends.vllm_triton import KVQuantMode, VllmTritonBackend
 
 
 @pytest.fixture
@@ -98,3 +100,57 @@ def test_sglang_kernels_pass_the_quick_check_interpreted():
     assert len(results) >= 40
     failed = [r for r in results if r.status != "PASSED"]
     assert not failed, failed[:3]
+
+
+VLLM = package_root("vllm") is not None
+
+
+def test_vllm_triton_is_registered_with_what_vllms_backend_declares():
+    caps = default_registry().resolve("vllm-triton").capabilities
+    assert (caps.soft_cap, caps.sinks, caps.sliding_window, caps.alibi) == (True,) * 4
+    assert caps.page_size_multiple == 16  # TritonAttentionBackend: MultipleOf(16)
+    assert caps.min_head_dim == 32  # supports_head_size: head_size >= 32
+    assert set(caps.kv_cache_dtypes) == {"auto", "fp8_e4m3", "fp8_e5m2"}
+    if VLLM:
+        assert "cpu" in caps.devices
+    else:
+        assert caps.devices == ()
+        with pytest.raises(Unsupported, match="pip install --no-deps vllm"):
+            VllmTritonBackend(num_heads=2, num_kv_heads=1, head_dim=32, scale=0.5)
+
+
+@pytest.mark.skipif(not VLLM, reason="needs the vllm wheel: nox -s engines installs it")
+def test_the_supplied_kv_quant_modes_are_vllms():
+    """The adapter's stand-in for ``KVQuantMode`` has the installed vLLM's values
+    (read from its source: importing it would pull in vLLM's config)."""
+    root = package_root("vllm")
+    assert root is not None
+    tree = ast.parse((root / "v1" / "kv_cache_interface.py").read_text())
+    enum_class = next(
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef) and node.name == "KVQuantMode"
+    )
+    values = {
+        target.id: node.value.value
+        for node in enum_class.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    assert {mode.name: mode.value for mode in KVQuantMode}.items() <= values.items()
+
+
+@pytest.mark.skipif(not VLLM, reason="needs the vllm wheel: nox -s engines installs it")
+def test_vllm_kernel_passes_the_quick_check_interpreted():
+    """vLLM's ``unified_attention`` (2D and split-KV 3D launches) through the kit's
+    ``vllm_metadata``, on the quick check's steps; vLLM's modules are not left behind."""
+    from harness.core.triton_mode import interpret_triton_here
+
+    if not interpret_triton_here():
+        pytest.skip("triton was imported without its interpreter in this process")
+    results = run_quick_check(default_registry().resolve("vllm-triton"))
+    assert len(results) >= 40
+    failed = [r for r in results if r.status != "PASSED"]
+    assert not failed, failed[:3]
+    assert not [name for name in sys.modules if name == "vllm" or name.startswith("vllm.")]

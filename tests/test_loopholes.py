@@ -124,6 +124,41 @@ def test_nan_outputs_fail_the_equality_properties():
         check_ranks_together_equal_alone(nan, ranks)
 
 
+class GarbageInPaddingRows(ReferenceBackend):
+    """Correct, but leaves graph-mode padding rows as whatever memory held (as vLLM's
+    kernel does): the contract leaves those rows unspecified."""
+
+    calls = 0
+
+    def attend(self, query: torch.Tensor, cache: LayerCache, step: PreparedStep) -> torch.Tensor:
+        out = super().attend(query, cache, step)
+        type(self).calls += 1
+        padding = torch.ones(out.shape[0], dtype=torch.bool)
+        for row in step.checked.real_rows:
+            padding[step.checked.query_start[row] : step.checked.query_start[row + 1]] = False
+        out[padding] = float(type(self).calls)  # differs on every run
+        return out
+
+
+class DiffersOnRealRows(GarbageInPaddingRows):
+    """Nondeterministic where it matters: one real row drifts from run to run."""
+
+    def attend(self, query: torch.Tensor, cache: LayerCache, step: PreparedStep) -> torch.Tensor:
+        out = super().attend(query, cache, step)
+        out[0, 0, 0] += type(self).calls * 1e-3
+        return out
+
+
+def test_padding_rows_are_not_compared_but_real_rows_are():
+    padded = replace(TWO_RANKS, pad_to=5)
+    assert padded.graph_mode
+    check_deterministic(entry(GarbageInPaddingRows), padded)
+    ranks = [replace(padded, dp_rank=r) for r in range(2)]
+    check_ranks_together_equal_alone(entry(GarbageInPaddingRows), ranks)
+    with pytest.raises(PropertyFailure, match="second run differs"):
+        check_deterministic(entry(DiffersOnRealRows), padded)
+
+
 @pytest.mark.parametrize("layout", list(PoolLayout))
 def test_together_and_alone_place_each_rank_on_the_same_pages(layout):
     """A correct backend whose rounding follows physical placement is not a DP leak."""
