@@ -1,0 +1,113 @@
+"""Whether an engine kernel's conformance run failed only for the reasons docs/engines.md gives.
+
+    attn-harness conform --backend sglang-triton --junitxml run.xml
+    python tools/engine_findings.py run.xml
+
+An engine's kernel has defects the harness found and docs/engines.md
+records (SGLang's window decode reads one key too few; a window of 1 is
+full attention there). A CI run of that kernel fails, rightly, on them; what
+must not happen unseen is a failure for any other reason. This reads the
+run's JUnit report and sorts each failure under the finding whose evidence
+it carries (every recorded finding names what the failing step's description shows),
+and exits 1 on a failure no finding explains, or an error. A finding the
+run did not reproduce is said, not failed: the ``ci`` draws may miss it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A defect recorded in docs/engines.md, and what a failure it causes shows."""
+
+    backend: str
+    title: str
+    evidence: re.Pattern[str]  # searched in the failure's report (its scenario line)
+
+
+SCENARIO = r"(?:scenario|geometry): "  # a failure's step in words (a state machine's: geometry)
+FINDINGS = (
+    Finding(
+        "sglang-triton",
+        "SGLang: a window W decodes over W - 1 keys, and a window of 1 is full attention",
+        re.compile(rf"{SCENARIO}.*\bwindow=\d+"),
+    ),
+    Finding(
+        "vllm-triton",
+        "vLLM: ALiBi is slope x (key - context_len), off the definition by a per-row"
+        " constant that sinks expose on multi-token queries",
+        re.compile(rf"{SCENARIO}(?=.*\bsinks=)(?=.*\balibi=)"),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Failure:
+    test: str  # the test's name, its parameters (backend first) in brackets
+    report: str
+
+    @property
+    def params(self) -> str:
+        return self.test.partition("[")[2].rstrip("]")
+
+
+def failures(junit: Path) -> tuple[list[Failure], list[str], list[str]]:
+    """The run's failed tests, the tests that errored (never explained by a finding), and
+    every test's name."""
+    failed, errored, names = [], [], []
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        name = case.get("name", "?")
+        names.append(name)
+        for element in case:
+            report = f"{element.get('message', '')}\n{element.text or ''}"
+            if element.tag == "failure":
+                failed.append(Failure(name, report))
+            elif element.tag == "error":
+                errored.append(name)
+    return failed, errored, names
+
+
+def explain(failure: Failure, findings: tuple[Finding, ...] = FINDINGS) -> Finding | None:
+    """The recorded finding of the failure's backend whose evidence its report shows."""
+    for finding in findings:
+        if failure.params.startswith(finding.backend) and finding.evidence.search(failure.report):
+            return finding
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("junit", type=Path, help="the JUnit XML of an attn-harness conform run")
+    args = parser.parse_args(argv)
+    if not args.junit.is_file():
+        print(f"engine_findings: no JUnit report at {args.junit}", file=sys.stderr)
+        return 2
+    failed, errored, names = failures(args.junit)
+    unexplained = [f for f in failed if explain(f) is None]
+    ran = {Failure(name, "").params for name in names}
+    for finding in FINDINGS:
+        if not any(params.startswith(finding.backend) for params in ran):
+            continue  # its backend was not in this run
+        seen = [f.test for f in failed if explain(f) is finding]
+        state = f"{len(seen)} failure(s): {', '.join(seen)}" if seen else "not reproduced"
+        print(f"finding [{finding.backend}] {finding.title}: {state}")
+    for failure in unexplained:
+        first = failure.report.strip().splitlines()[0] if failure.report.strip() else ""
+        print(f"UNEXPLAINED failure {failure.test}: {first}", file=sys.stderr)
+    for name in errored:
+        print(f"ERROR in {name}: an error is never a recorded finding", file=sys.stderr)
+    if unexplained or errored:
+        return 1
+    print(f"engine_findings: {len(failed)} failure(s), each a finding docs/engines.md records")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
