@@ -202,7 +202,7 @@ def _start(config: pytest.Config, options: ConformanceOptions) -> ConformanceSes
     return made
 
 
-INTERPRETED_SHRINK_S = 60.0
+INTERPRETED_SHRINK_S = 15.0
 """How long a failure is shrunk when a selected backend runs interpreted and no limit is asked."""
 
 

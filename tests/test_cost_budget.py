@@ -170,6 +170,15 @@ def test_after_a_failure_every_example_runs_so_the_replay_sees_it_fail_again():
     assert not ledger.admit("k", "other", 10, "the spent budget still binds other tests")
 
 
+def test_a_failing_tests_shrinking_comes_out_of_the_budget():
+    ledger = CostLedger(budget_s=60.0, tests={"k": 3})
+    ledger.failed("k", "failing")
+    ledger.spend("k", "failing", 50.0)  # its failing examples and shrinking
+    assert ledger.allowance("k", "next") == pytest.approx(10.0)  # 3 x 10 / 2, capped at 10
+    assert ledger.checked_in("k", "failing") == 0
+    assert ledger.meters.get(("k", "")) is None  # a failure's time predicts nothing
+
+
 def test_the_stateful_step_cap_is_fixed_at_the_tests_start():
     ledger = CostLedger(budget_s=30.0, tests={"k": 3})  # 30 s for the first test
     ledger.charge("k", "warm-up", 10, 1.0)

@@ -381,3 +381,12 @@ def test_the_summary_says_when_the_bench_file_is_partial(tmp_path):
     record.partial = True
     save_results(record, path)
     assert gpu_check._bench_text(path).startswith("  PARTIAL: the step stopped")
+
+
+def test_engine_kernels_join_the_default_run_only_where_installed(monkeypatch):
+    from reference_backends.engine_backend import EngineKernelBackend
+
+    monkeypatch.setattr(EngineKernelBackend, "installed", classmethod(lambda cls: False))
+    assert gpu_check.default_backends() == list(gpu_check.DEFAULT_BACKENDS)
+    monkeypatch.setattr(EngineKernelBackend, "installed", classmethod(lambda cls: True))
+    assert gpu_check.default_backends()[-2:] == ["sglang-triton", "vllm-triton"]

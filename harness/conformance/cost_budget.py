@@ -213,6 +213,13 @@ class CostLedger:
         self.meters.setdefault(key, CostMeter()).observe(work, seconds)
         self.meters.setdefault((backend, ""), CostMeter()).observe(work, seconds)
 
+    def spend(self, backend: str, test: str, seconds: float) -> None:
+        """A failing example (or a shrinking step) took ``seconds``: they come out of the
+        budget, so a failing run's shrinking leaves the tests after it less, and the run's
+        wall time stays bounded; they teach no meter (a failure may stop early)."""
+        key = (backend, test)
+        self.spent[key] = self.spent.get(key, 0.0) + seconds
+
     def overran(self, backend: str, test: str, work: int, seconds: float, scenario: str) -> None:
         """An example hit its deadline: not checked; what it cost so far teaches the meters."""
         key = (backend, test)
@@ -279,6 +286,9 @@ class TestCosts:
 
     def charge(self, work: int, seconds: float) -> None:
         self.ledger.charge(self.backend, self.test, work, seconds)
+
+    def spend(self, seconds: float) -> None:
+        self.ledger.spend(self.backend, self.test, seconds)
 
     def overran(self, work: int, seconds: float, scenario: str) -> None:
         self.ledger.overran(self.backend, self.test, work, seconds, scenario)

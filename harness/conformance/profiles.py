@@ -44,7 +44,7 @@ class Profile:
     production_examples: int  # per regime, in test_production_shapes
     example_time_limit_s: float = 300.0  # one example past this fails, naming its shape
     enforces_coverage: bool = True  # a claimed value never checked fails the run
-    interpreted_budget_s: float = 200.0  # seconds of examples an interpreted backend's run spends
+    interpreted_budget_s: float = 150.0  # seconds of examples an interpreted backend's run spends
     cost_budget_s: float | None = None  # set on the interpreted profile: examples cut by cost
 
     def with_examples(self, examples: int) -> Profile:
@@ -73,11 +73,15 @@ class Profile:
         its tests: an example whose predicted cost does not fit what is left of
         its test's part is not checked (``harness.conformance.cost_budget``), so
         a kernel with many programs per step gets the same bounded wall time as
-        a cheap one.
+        a cheap one. Hypothesis's explain phase is left out: it reruns the
+        minimal failing example with each part varied, seconds apiece here, and
+        the triage already says what separates failing examples from held ones.
         """
-        fewer = self.scaled_examples(self.settings.max_examples)
+        fewer = self.with_examples(self.scaled_examples(self.settings.max_examples))
+        phases = tuple(p for p in fewer.settings.phases if p is not Phase.explain)
         return replace(
-            self.with_examples(fewer),
+            fewer,
+            settings=settings(fewer.settings, phases=phases),
             name=f"{self.name} (interpreted)",
             budget=replace(INTERPRETED_BUDGET, max_dp_size=self.budget.max_dp_size),
             stateful_steps=max(3, self.stateful_steps // 2),

@@ -11,7 +11,8 @@ hung or slow step cannot eat the lease. Steps, in order:
 
 1. environment (in this process): python, torch, CUDA, cuDNN, which SDPA
    kernels are enabled, triton; then the backends asked for (default
-   ``DEFAULT_BACKENDS``) are looked up, and one that is not registered or
+   ``DEFAULT_BACKENDS``, and each of ``ENGINE_BACKENDS`` whose engine is
+   installed) are looked up, and one that is not registered or
    cannot be imported is skipped with a line saying why;
 2. conformance on CUDA (``ci`` profile, ``kill`` with ``--quick``), one
    pytest run per backend (``conformance-NAME``), each with an equal share
@@ -63,6 +64,9 @@ from harness.gpu.bench_step import bench_command
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BACKENDS = ("triton", "sdpa", "flex")
+ENGINE_BACKENDS = ("sglang-triton", "vllm-triton")
+"""Engines' kernels, run by default only where their engine is installed (the peers a
+kernel author compares with on the GPU)."""
 FULL_TOTAL_S, QUICK_TOTAL_S = 450.0, 220.0  # the lease's budget is 15 min, tries included
 RESERVE_S = 10.0  # kept back from every step for the summary
 MIN_STEP_S = 20.0  # a step with less than this left is skipped, not started
@@ -193,6 +197,15 @@ def _environment(out: Path) -> str:
     text = "\n".join(lines)
     (out / "environment.txt").write_text(text + "\n")
     return text
+
+
+def default_backends() -> list[str]:
+    """``DEFAULT_BACKENDS``, and the engine kernels that claim CUDA here (installed)."""
+    from harness.core.registry import default_registry
+
+    registry = default_registry()
+    engines = [n for n in ENGINE_BACKENDS if "cuda" in registry.resolve(n).capabilities.devices]
+    return [*DEFAULT_BACKENDS, *engines]
 
 
 def available_backends(names: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -440,7 +453,8 @@ def main(argv: list[str] | None = None) -> int:
         "--backend",
         action="append",
         default=[],
-        help=f"registered name or spec (repeatable; default: {', '.join(DEFAULT_BACKENDS)})",
+        help=f"registered name or spec (repeatable; default: {', '.join(DEFAULT_BACKENDS)}, "
+        f"and {', '.join(ENGINE_BACKENDS)} where installed)",
     )
     parser.add_argument(
         "--quick",
@@ -472,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     limits = QUICK_LIMITS if args.quick else FULL_LIMITS
     env_text = _environment(out)
     print(env_text, flush=True)
-    backends, skipped = available_backends(args.backend or DEFAULT_BACKENDS)
+    backends, skipped = available_backends(args.backend or default_backends())
     for line in skipped:
         print(line, flush=True)
     profile = "kill" if args.quick else "ci"

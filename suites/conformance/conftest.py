@@ -209,6 +209,7 @@ def _check_within_budget(
         return
     except BaseException:
         costs.failed()  # shrinking and the replay run every example, as the first run did
+        costs.spend(time.perf_counter() - start)  # shrinking is paid from the same budget
         raise
     costs.charge(work, time.perf_counter() - start)
 
