@@ -17,9 +17,9 @@ BASELINES = "reports/baselines"
 DIST_DIR = "reports/dist"  # where the dist session writes
 BUILTINS = ("reference", "sdpa", "flex", "compiled", "triton")
 ENGINES = ("sglang==0.5.23", "vllm==0.34.0")
-ENGINE_BACKENDS = ("sglang-triton", "vllm-triton")
 """Engine wheels whose kernels have adapters, installed with --no-deps: their kernels need
 only torch and triton, and their own dependencies are a whole server's."""
+ENGINE_BACKENDS = ("sglang-triton", "vllm-triton")  # the adapters of those kernels
 BASELINE_RUNS = 3
 CANDIDATE_RUNS = 2  # benchmark runs the gate pools on the candidate side
 # The gate's threshold in CI: a case fails only when its whole interval lies beyond it
