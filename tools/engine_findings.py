@@ -48,14 +48,15 @@ FINDINGS = (
 )
 
 
+def params(test: str) -> str:
+    """A test's parameters, backend first: ``test_x[sglang-triton-float32]`` -> the inside."""
+    return test.partition("[")[2].rstrip("]")
+
+
 @dataclass(frozen=True)
 class Failure:
     test: str  # the test's name, its parameters (backend first) in brackets
     report: str
-
-    @property
-    def params(self) -> str:
-        return self.test.partition("[")[2].rstrip("]")
 
 
 def failures(junit: Path) -> tuple[list[Failure], list[str], list[str]]:
@@ -77,7 +78,8 @@ def failures(junit: Path) -> tuple[list[Failure], list[str], list[str]]:
 def explain(failure: Failure, findings: tuple[Finding, ...] = FINDINGS) -> Finding | None:
     """The recorded finding of the failure's backend whose evidence its report shows."""
     for finding in findings:
-        if failure.params.startswith(finding.backend) and finding.evidence.search(failure.report):
+        ours = params(failure.test).startswith(finding.backend)
+        if ours and finding.evidence.search(failure.report):
             return finding
     return None
 
@@ -91,9 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     failed, errored, names = failures(args.junit)
     unexplained = [f for f in failed if explain(f) is None]
-    ran = {Failure(name, "").params for name in names}
+    ran = {params(name) for name in names}
     for finding in FINDINGS:
-        if not any(params.startswith(finding.backend) for params in ran):
+        if not any(p.startswith(finding.backend) for p in ran):
             continue  # its backend was not in this run
         seen = [f.test for f in failed if explain(f) is finding]
         state = f"{len(seen)} failure(s): {', '.join(seen)}" if seen else "not reproduced"
