@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import Phase
 
 import attn_harness_pytest as plugin
 from harness.bench.case_check import unsupported_reason
@@ -25,6 +26,9 @@ def test_the_interpreted_profile_is_a_share_of_the_same_profile(name):
     assert lighter.budget.max_dp_size == profile.budget.max_dp_size
     assert not lighter.enforces_coverage
     assert lighter.settings.derandomize == profile.settings.derandomize
+    # the same phases less explain (each of its reruns costs seconds interpreted)
+    assert Phase.explain not in lighter.settings.phases
+    assert set(lighter.settings.phases) == set(profile.settings.phases) - {Phase.explain}
 
 
 def test_profile_for_sizes_only_the_backend_interpreted_on_the_device():
