@@ -36,6 +36,7 @@ profile that promises coverage and a claimed value was never checked.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,12 +49,26 @@ import pytest
 from harness.conformance.plugin_names import PROFILE_NAMES as PROFILES
 from harness.conformance.plugin_names import backend_entry_of, cache_root
 from harness.conformance.session import ConformanceOptions, ConformanceSession
+from harness.conformance.workers import (
+    REPORT_ATTRIBUTE,
+    WORKEROUTPUT_KEY,
+    TestVerdict,
+    add_tallies,
+    backend_in_nodeid,
+    is_controller,
+    is_worker,
+    pack_tallies,
+    unpack_tallies,
+    verdict_of,
+    worker_count,
+)
 from harness.core.atomic_file import write_json_atomically
 
 SESSION_KEY = pytest.StashKey[ConformanceSession]()
 """Where a run's :class:`ConformanceSession` lives: ``config.stash[SESSION_KEY]``."""
 _TOKEN_KEY = pytest.StashKey[Token[ConformanceSession | None]]()
 _SHRINK_KEY = pytest.StashKey[float]()  # hypothesis's shrink budget before this run lowered it
+_POOL_KEY = pytest.StashKey[Any]()  # undoes this run's fixed pool of hypothesis's constants
 _ACTIVE: ContextVar[ConformanceSession | None] = ContextVar("attn_harness_session", default=None)
 """The session of the pytest run in progress in this context (``None`` outside one)."""
 
@@ -226,17 +241,25 @@ def pytest_configure(config: pytest.Config) -> None:
         run.resolve_backends()  # now, so an unloadable spec is a usage error before collection
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from exc
+    if is_worker(config):
+        run.workers = worker_count(config)
+    elif is_controller(config):
+        run.workers = int(config.getoption("numprocesses", 1) or 1)
     if shrink is None and shrinks is None and run.runs_interpreted():
         from hypothesis.internal.conjecture import engine
 
         config.stash[_SHRINK_KEY] = getattr(engine, "MAX_SHRINKING_SECONDS", 300)
         _limit_shrinking(INTERPRETED_SHRINK_S)  # each shrink step re-runs an interpreted kernel
         run.shrink_limit = INTERPRETED_SHRINK_S
-    if config.getoption("conformance_output") == "compact":
+    if config.getoption("conformance_output") == "compact" and not is_worker(config):
         _install_compact_reporter(config, run)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    undo_pool = config.stash.get(_POOL_KEY, None)
+    if undo_pool is not None:
+        undo_pool()
+        del config.stash[_POOL_KEY]
     previous = config.stash.get(_SHRINK_KEY, None)
     if previous is not None:  # the next in-process run starts from hypothesis's own budget
         _limit_shrinking(previous)
@@ -253,7 +276,9 @@ def _install_compact_reporter(config: pytest.Config, run: ConformanceSession) ->
     standard = config.pluginmanager.getplugin("terminalreporter")
     if standard is not None:
         config.pluginmanager.unregister(standard)
-    reporter = CompactReporter(config, run.compact_summary, run.sizing_notes)
+    reporter = CompactReporter(
+        config, run.compact_summary, run.sizing_notes, run.selected_entries, run.workers
+    )
     config.pluginmanager.register(reporter, "attn-harness-compact-reporter")
     run.reporter = reporter
 
@@ -437,6 +462,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     run = session(item.config)
     run.current_test = name if entry is not None else None
     run.current_case = ""
+    run.examples_in_test = 0
     if entry is not None:
         from harness.conformance.report import shown_name
 
@@ -467,7 +493,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Count each backend's tests: an interpreted backend's budget is shared among them."""
-    counts = session.config.stash[SESSION_KEY].tests_per_backend
+    run = session.config.stash[SESSION_KEY]
+    counts = run.tests_per_backend
+    run.positions = {item.nodeid: i for i, item in enumerate(session.items)}
+    if _POOL_KEY not in session.config.stash and any(map(backend_entry_of, session.items)):
+        from harness.conformance.draw_constants import freeze_pool
+
+        frozen = freeze_pool([e.cls for e in run.selected_entries()])
+        if isinstance(frozen, str):
+            run.pool_note = frozen
+        else:
+            session.config.stash[_POOL_KEY] = frozen
     for item in session.items:
         entry = backend_entry_of(item)
         if entry is not None:
@@ -541,13 +577,59 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.outcome, report.longrepr = "skipped", (str(item.path), item.location[1] or 0, reason)
     module = getattr(item, "module", None)
     function = getattr(item, "originalname", item.name)
-    run.record_outcome(entry.name, getattr(module, "__name__", None), function, report.outcome)
-    if report.failed:
-        failure = _failure(item, run, entry.name, call.excinfo)
-        run.verdicts.failures.append(failure)
+    failure = _failure(item, run, entry.name, call.excinfo) if report.failed else None
+    if failure is not None:
         report.sections.append(
             ("replay", f"backend {entry.name!r}, property {function}:\n  {failure.replay}")
         )
+    verdict = TestVerdict(
+        backend=entry.name,
+        module=getattr(module, "__name__", None),
+        function=function,
+        outcome=report.outcome,
+        position=run.positions.get(item.nodeid, len(run.positions)),
+        examples=run.examples_in_test,
+        failure=None if failure is None else dataclasses.asdict(failure),
+    )
+    setattr(report, REPORT_ATTRIBUTE, verdict.as_payload())  # recorded where it is logged
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Record a finished conformance test: here, so the controller of a run spread over
+    workers records every test its workers report (a test whose worker died included)."""
+    run = session()
+    verdict = verdict_of(report)
+    if verdict is None:
+        verdict = _crashed_worker_verdict(run, report)
+    if verdict is None:
+        return
+    run.record_verdict(verdict)
+    if run.reporter is not None and run.workers > 1:
+        run.reporter.examples_held(verdict.examples)
+
+
+def _crashed_worker_verdict(run: ConformanceSession, report: pytest.TestReport) -> Any:
+    """A test whose worker died carries no verdict of its own: a failure naming the crash."""
+    if not report.failed or report.when != "???":  # xdist's report of a crashed test
+        return None
+    backend = backend_in_nodeid(report.nodeid, [e.name for e in run.selected_entries()])
+    if backend is None:
+        return None
+    from harness.conformance.report import Failure
+
+    test = report.nodeid.rpartition("::")[2]
+    text = str(report.longrepr).strip().splitlines()
+    detail = f"its worker process died: {text[-1] if text else 'no message'}"
+    failure = Failure(backend, test, detail, "", run.replay_command(backend, test))
+    return TestVerdict(
+        backend=backend,
+        module=None,
+        function=test.partition("[")[0],
+        outcome="failed",
+        position=run.positions.get(report.nodeid, len(run.positions)),
+        examples=0,
+        failure=dataclasses.asdict(failure),
+    )
 
 
 def _replay_passed(excinfo: pytest.ExceptionInfo[BaseException] | None) -> bool:
@@ -597,16 +679,40 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.write_line(line, red=line.startswith("FAILED"))
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """A worker finished (xdist's controller): add what it tallied to this session."""
+    data = getattr(node, "workeroutput", {}).get(WORKEROUTPUT_KEY)
+    if data is not None:
+        add_tallies(session(node.config), unpack_tallies(data))
+
+
 @pytest.hookimpl(tryfirst=True)  # before the JUnit writer saves its file
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    run = config.stash[SESSION_KEY]
+    if is_worker(config):  # the controller reports, saves and judges the whole run
+        config.workeroutput[WORKEROUTPUT_KEY] = pack_tallies(run)  # type: ignore[attr-defined]
+        return
     if exitstatus == pytest.ExitCode.INTERRUPTED:
         return  # a run cut short writes no coverage file and changes no verdict
-    run = session.config.stash[SESSION_KEY]
-    _save_coverage(session.config, run)
+    if is_controller(config):  # the workers' fixture recorded no JUnit properties
+        _junit_properties(config, run)
+    _save_coverage(config, run)
     if any(run.coverage_gaps().values()) and session.exitstatus == 0:
         session.exitstatus = 1
     if run.verdicts.nothing_checked() and session.exitstatus == 0:
         session.exitstatus = 1
+
+
+def _junit_properties(config: pytest.Config, run: ConformanceSession) -> None:
+    """The tally as the JUnit report's test-suite properties, when this process writes it."""
+    from _pytest.junitxml import xml_key
+
+    xml = config.stash.get(xml_key, None)
+    if xml is not None:
+        for name, value in run.junit_properties():
+            xml.add_global_property(name, value)
 
 
 def _save_coverage(config: pytest.Config, run: ConformanceSession) -> None:

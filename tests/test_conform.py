@@ -475,7 +475,8 @@ def test_replay_of_a_production_failure_names_its_regime(conform):
 
 def test_cpu_conformance_runs_torch_on_one_thread_unless_omp_says_otherwise():
     base = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    args = [sys.executable, "-m", "harness", "conform", "--backend", "reference", "--"]
+    args = [sys.executable, "-m", "harness", "conform", "--backend", "reference"]
+    args += ["--workers", "1", "--"]  # the header's count is this process's
     args += ["-k", "test_second_run", "--examples", "1"]
     for env, threads in ((base, 1), ({**base, "OMP_NUM_THREADS": "2"}, 2)):
         result = subprocess.run(

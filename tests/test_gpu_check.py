@@ -390,3 +390,14 @@ def test_engine_kernels_join_the_default_run_only_where_installed(monkeypatch):
     assert gpu_check.default_backends() == list(gpu_check.DEFAULT_BACKENDS)
     monkeypatch.setattr(EngineKernelBackend, "installed", classmethod(lambda cls: True))
     assert gpu_check.default_backends()[-2:] == ["sglang-triton", "vllm-triton"]
+
+
+def test_conformance_spreads_over_workers_in_collection_order(tmp_path, monkeypatch):
+    spread = gpu_check.conformance_command(tmp_path, "sdpa", "ci", workers=3)
+    assert spread[spread.index("-n") + 1] == "3"
+    assert spread[spread.index("--dist") + 1] == "load"  # production shapes still first
+    assert "-n" not in gpu_check.conformance_command(tmp_path, "sdpa", "ci")
+    monkeypatch.setattr("harness.bench.environment.usable_cpus", lambda: 16)
+    assert gpu_check.conformance_workers() == gpu_check.GPU_CONFORMANCE_WORKERS
+    monkeypatch.setattr("harness.bench.environment.usable_cpus", lambda: 1)
+    assert gpu_check.conformance_workers() == 1

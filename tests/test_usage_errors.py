@@ -63,6 +63,7 @@ CASES = [
     case("conform", "--device", "tpu", also=DEVICES),
     case("conform", "--junitxml", "missing/conform.xml"),
     case("conform", "--replay", "test_x@6.1:"),
+    case("conform", "--workers", "0"),
     case("conform", "--", "--no-such-option", "--backend", "reference", "--"),
     case("bench", "--backend", "nope"),
     case("bench", "--workload", "decode-swep", also=("decode-sweep", "prefill-sweep")),

@@ -20,7 +20,7 @@ from harness.cli.report import add_report_command
 from harness.cli.run import add_run_command
 from harness.cli.usage import UsageError, check_machine, command_parser, resolve_backends
 from harness.conformance.plugin_names import PROFILE_NAMES
-from harness.core.arg_types import OneLineParser, device, one_of, output_file
+from harness.core.arg_types import OneLineParser, at_least, device, one_of, output_file
 from harness.core.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from harness.core.text_table import aligned, fitted, terminal_width, wrapped
 
@@ -215,6 +215,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_conform(args: argparse.Namespace) -> int:
+    from harness.bench.environment import usable_cpus
     from harness.conformance.runner import run_conformance
 
     if args.replay is not None and ("@" in args.replay or not args.replay):
@@ -236,6 +237,7 @@ def cmd_conform(args: argparse.Namespace) -> int:
         verbose=args.verbose,
         replay=args.replay,
         user_plugins=args.user_plugins,
+        workers=args.workers if args.workers is not None else usable_cpus(),
     )
 
 
@@ -304,6 +306,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--replay",
         metavar="TEST@VERSION:BLOB",
         help="rerun exactly one failing example, as printed after 'replay:' in a failure entry",
+    )
+    p_conform.add_argument(
+        "--workers",
+        type=at_least(1),
+        default=None,
+        metavar="N",
+        help="processes that share the tests (pytest-xdist): verdicts, coverage and the replay "
+        "commands are the same for any N; 1 runs them all in this process (default: one per "
+        "CPU this process may use; a --replay runs in one)",
     )
     p_conform.add_argument(
         "--user-plugins",

@@ -52,7 +52,9 @@ def add_run_command(subparsers: Any) -> None:
         type=at_least(0),
         default=0,
         metavar="N",
-        help="conformance processes at a time (default: the CPUs this process may use)",
+        help="conformance processes in all: one backend per process, and a backend's tests "
+        "spread over the rest when there are more than backends (default: the CPUs this "
+        "process may use)",
     )
     p.add_argument(
         "--workload",
@@ -107,7 +109,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {out}: cannot create it: {exc.strerror or exc}") from None
     with contextlib.redirect_stdout(sys.stderr):  # a backend's prints stay out of the log
         names = schedule({e.name: probe_seconds(e, args.device) for e in entries})
-    workers = max(1, min(args.workers or usable_cpus(), len(names)))
+    cpus = args.workers or usable_cpus()
+    workers = max(1, min(cpus, len(names)))
+    per_job = max(1, cpus // workers)  # more CPUs than backends: each spreads its own tests
     jobs = [
         ConformanceJob(
             n, conformance_dir / f"{file_stem(n)}.xml", conformance_dir / f"{file_stem(n)}.log"
@@ -116,7 +120,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     ]
     say(
         f"main job: {len(names)} backends ({', '.join(names)}) -> {out}: conformance "
-        f"({args.profile}, {workers} at a time), then "
+        f"({args.profile}, {workers} at a time"
+        + (f", {per_job} workers each" if per_job > 1 else "")
+        + "), then "
         + ("the report" if args.no_bench else "the benchmark workloads, then the report")
     )
     for name in left_out:
@@ -125,7 +131,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     bench_code = 0
     try:
         run_conformance_jobs(
-            jobs, workers=workers, profile=args.profile, device=args.device, say=say
+            jobs,
+            workers=workers,
+            profile=args.profile,
+            device=args.device,
+            say=say,
+            workers_per_job=per_job,
         )
         if not args.no_bench:
             say("bench: the default workloads, every backend and the no-paging peer")

@@ -3,7 +3,9 @@
 Conformance draws are small and single-threaded, so the backends are checked
 in parallel worker processes, one backend per process, as many at a time as
 the machine has CPUs, the slowest first (longest-processing-time-first, so
-the last to finish is a short one). How slow a backend is comes from a probe:
+the last to finish is a short one); on a machine with more CPUs than backends
+each backend's run spreads its own tests over its share of them
+(``conform --workers``). How slow a backend is comes from a probe:
 one small mixed step, timed once warm (a Triton kernel interpreted on the
 CPU takes 0.3 s, an eager FlexAttention 30 ms, the rest about 5 ms). The benchmarks
 run after conformance, alone, so no conformance worker steals their cores.
@@ -224,8 +226,10 @@ def run_conformance_jobs(
     profile: str,
     device: str,
     say: Callable[[str], None],
+    workers_per_job: int = 1,
 ) -> None:
-    """Run ``jobs`` at most ``workers`` at a time, saying each verdict as it arrives."""
+    """Run ``jobs`` at most ``workers`` at a time, saying each verdict as it arrives; each
+    job spreads its tests over ``workers_per_job`` processes (``conform --workers``)."""
     waiting = list(jobs)
     running: list[ConformanceJob] = []
     last_beat = time.monotonic()
@@ -246,6 +250,8 @@ def run_conformance_jobs(
                         device,
                         "--junitxml",
                         str(job.junit),
+                        "--workers",
+                        str(workers_per_job),
                     ),
                     stdout=handle,
                     stderr=subprocess.STDOUT,

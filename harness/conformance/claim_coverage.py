@@ -439,6 +439,17 @@ class CoverageLog:
         cover.examples[test] += 1
         cover.stateful.append(run)
 
+    def merge(self, other: CoverageLog) -> None:
+        """Add another process's tally (a conformance worker's) to this one."""
+        for name, theirs in other.backends.items():
+            mine = self._backend(name)
+            mine.examples.update(theirs.examples)
+            for test, dims in theirs.by_test.items():
+                own = mine.by_test.setdefault(test, {d: Counter() for d in DIMENSIONS})
+                for dimension, counts in dims.items():
+                    own.setdefault(dimension, Counter()).update(counts)
+            mine.stateful.extend(theirs.stateful)
+
     def table(self, backend: str, wanted: Iterable[Requirement] = ()) -> list[str]:
         """A compact per-dimension table for the terminal, gaps last."""
         cover = self.backends[backend]

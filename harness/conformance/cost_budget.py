@@ -228,6 +228,16 @@ class CostLedger:
         self.meters.setdefault((backend, ""), CostMeter()).observe(work, seconds)
         self.skipped.append(NotChecked(backend, test, seconds, True, scenario))
 
+    def merge(self, other: CostLedger) -> None:
+        """Add what another process spent and left unchecked (a conformance worker, which
+        had its share of the budget) to this ledger, which holds the run's whole budget."""
+        for key, seconds in other.spent.items():
+            self.spent[key] = self.spent.get(key, 0.0) + seconds
+        for key, count in other.checked.items():
+            self.checked[key] = self.checked.get(key, 0) + count
+        self.skipped.extend(other.skipped)
+        self.failing |= other.failing
+
     def for_test(self, backend: str, test: str) -> TestCosts:
         """This ledger as one test of one backend sees it."""
         return TestCosts(self, backend, test)

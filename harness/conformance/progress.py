@@ -86,6 +86,9 @@ class PlainProgress:
     def example_held(self) -> None:
         """Examples are not counted in plain lines (they would be stale between prints)."""
 
+    def add_examples(self, count: int) -> None:
+        """Not counted either (see ``example_held``)."""
+
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
@@ -101,7 +104,7 @@ class LiveLine:
     test) does not swallow it. Silent under ``CI`` or without a terminal.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, per_test: bool = True) -> None:
         from rich.console import Console
         from rich.progress import (
             Progress,
@@ -125,17 +128,22 @@ class LiveLine:
             transient=True,
         )
         self._task: Any = self._progress.add_task("starting", total=0, examples=0)
+        self._per_test = per_test  # count the running test's examples (else the run's so far)
         self._progress.start()
 
     def start_test(self, done: int, total: int, label: str) -> None:
         if self._progress is not None:
             self._progress.update(self._task, completed=done, total=total, description=label)
-            self._progress.update(self._task, examples=0)
+            if self._per_test:
+                self._progress.update(self._task, examples=0)
 
     def example_held(self) -> None:
+        self.add_examples(1)
+
+    def add_examples(self, count: int) -> None:
         if self._progress is not None:
             examples = self._progress.tasks[0].fields["examples"]
-            self._progress.update(self._task, examples=examples + 1)
+            self._progress.update(self._task, examples=examples + count)
 
     def stop(self) -> None:
         if self._progress is not None:
@@ -147,8 +155,13 @@ class LiveLine:
 
 
 def progress_display(
-    who: str, quiet: bool, every_s: float = PLAIN_EVERY_S, width: int | None = None
+    who: str,
+    quiet: bool,
+    every_s: float = PLAIN_EVERY_S,
+    width: int | None = None,
+    per_test: bool = True,
 ) -> Any:
     """The live line on a terminal; plain periodic lines when ``quiet`` (no terminal, CI),
-    fitted to ``width`` when one is asked for."""
-    return PlainProgress(who, every_s, width=width) if quiet else LiveLine()
+    fitted to ``width`` when one is asked for. ``per_test=False`` (tests spread over
+    workers, which report examples only when a test ends): the run's examples so far."""
+    return PlainProgress(who, every_s, width=width) if quiet else LiveLine(per_test)

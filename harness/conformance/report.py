@@ -10,6 +10,7 @@ full report and ends with the same verdict table and failure entries.
 from __future__ import annotations
 
 import ast
+import bisect
 import os
 import re
 import shlex
@@ -44,7 +45,14 @@ class Verdicts:
     """How each backend's conformance tests ended, per test function."""
 
     outcomes: dict[str, dict[str, Counter[str]]] = field(default_factory=dict)
-    failures: list[Failure] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)  # in the order the suite collects them
+    positions: list[int] = field(default_factory=list)  # each failure's index in the collection
+
+    def add_failure(self, failure: Failure, position: int) -> None:
+        """Keep ``failure`` in collection order, whichever process ran it and when."""
+        at = bisect.bisect_right(self.positions, position)
+        self.positions.insert(at, position)
+        self.failures.insert(at, failure)
 
     def record(self, backend: str, function: str, outcome: str) -> None:
         self.outcomes.setdefault(backend, {}).setdefault(function, Counter())[outcome] += 1
@@ -324,10 +332,14 @@ class CompactReporter:
     ``-v`` away.
     """
 
-    def __init__(self, config: Any, summary: Any, notes: Any = list) -> None:
+    def __init__(
+        self, config: Any, summary: Any, notes: Any = list, selected: Any = list, workers: int = 1
+    ) -> None:
         self.config = config
         self.summary = summary  # () -> list[str], the verdict table and the rest
         self.notes = notes  # () -> list[str], how the profile was sized for each backend
+        self.selected = selected  # () -> the selected backend entries
+        self.workers = workers  # processes running the tests (xdist workers), 1: this one
         self.live: Any = None  # progress.LiveLine on a terminal, else progress.PlainProgress
         self.total = 0
         self.done = 0
@@ -350,9 +362,11 @@ class CompactReporter:
     # -- pytest hooks -----------------------------------------------------
 
     def pytest_collectreport(self, report: Any) -> None:
-        if report.failed:
+        if report.failed:  # each worker reports its collection: say it once
             text = str(report.longrepr).strip().splitlines()
-            self.errors.append(f"could not collect {report.nodeid or 'the suite'}: {text[-1]}")
+            error = f"could not collect {report.nodeid or 'the suite'}: {text[-1]}"
+            if error not in self.errors:
+                self.errors.append(error)
 
     def pytest_collection_finish(self, session: Any) -> None:
         self.total = len(session.items)
@@ -362,6 +376,21 @@ class CompactReporter:
             if entry is not None and entry.name not in self.backends:
                 self.backends.append(entry.name)
         self.functions = len({getattr(i, "originalname", i.name) for i in session.items})
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        """Spread over workers, the controller collects nothing: the first worker's ids."""
+        if self.total:
+            return
+        from harness.conformance.workers import backend_in_nodeid
+
+        self.total = len(ids)
+        names = [e.name for e in self.selected()]
+        for nodeid in ids:
+            backend = backend_in_nodeid(nodeid, names)
+            if backend is not None and backend not in self.backends:
+                self.backends.append(backend)
+        self.functions = len({i.rpartition("::")[2].partition("[")[0] for i in ids})
 
     def header(self) -> None:
         """What runs, printed once the run starts (a usage error prints none)."""
@@ -377,6 +406,7 @@ class CompactReporter:
             f"{_plural(self.functions, 'property', 'properties')}, "
             f"{_plural(self.total, 'test')} · profile {option.conformance_profile} · "
             f"device {option.conformance_device}{threads}"
+            + (f" · {self.workers} workers" if self.workers > 1 else "")
         )
         for note in self.notes():
             self.say(f"  {note}")
@@ -391,6 +421,7 @@ class CompactReporter:
                 quiet=_quiet(),
                 every_s=every,
                 width=None if width == UNWRAPPED else width,
+                per_test=self.workers == 1,
             )
         label = nodeid.rpartition("::")[2]
         for backend in self.backends:
@@ -404,6 +435,11 @@ class CompactReporter:
     def example_held(self) -> None:
         if self.live is not None:
             self.live.example_held()
+
+    def examples_held(self, count: int) -> None:
+        """A test that ran in a worker ended, having held ``count`` examples."""
+        if self.live is not None and count:
+            self.live.add_examples(count)
 
     def pytest_keyboard_interrupt(self, excinfo: Any) -> None:
         self.interrupted = "interrupted (Ctrl-C): no report written"

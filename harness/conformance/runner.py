@@ -51,7 +51,10 @@ def pytest_arguments(
     replay: str | None = None,
     user_plugins: bool = False,
     coverage_json: str | None = None,
+    workers: int = 1,
 ) -> list[str]:
+    from harness.conformance.workers import xdist_arguments
+
     root = suite_root()
     # This process imported the plugin to check the profile name; pytest would warn that
     # it can no longer rewrite the plugin's (assert-free) module.
@@ -87,11 +90,23 @@ def pytest_arguments(
         args += ["--coverage-json", coverage_json]
     if replay:
         args += ["--replay", replay]
-    return args + list(extra)
+    return args + xdist_arguments(workers) + list(extra)
 
 
-def usage_problem(specs: Sequence[str], profile: str, device: str = "cpu") -> str | None:
+def usage_problem(
+    specs: Sequence[str], profile: str, device: str = "cpu", workers: int = 1
+) -> str | None:
     """Why these arguments cannot run, checked before pytest starts."""
+    if workers < 1:
+        return f"--workers must be at least 1, got {workers}"
+    if workers > 1:
+        from harness.conformance.workers import xdist_available
+
+        if not xdist_available():
+            return (
+                f"--workers {workers} needs pytest-xdist (python -m pip install pytest-xdist); "
+                "--workers 1 runs every test in this process"
+            )
     if profile not in PROFILE_NAMES:
         return f"unknown profile {profile!r}; choose from {', '.join(PROFILE_NAMES)}"
     if device not in ("cpu", "cuda"):
@@ -233,12 +248,16 @@ def run_conformance(
     verbose: bool = False,
     replay: str | None = None,
     user_plugins: bool = False,
+    workers: int = 1,
 ) -> int:
+    """Run the suite; ``workers`` processes share its tests (a replay always runs in one)."""
+    if replay:
+        workers = 1
     if device == "cpu":  # before any backend module (which may import triton) is loaded
         from harness.core.triton_mode import interpret_triton_here
 
         interpret_triton_here()
-    problem = usage_problem(specs, profile, device)
+    problem = usage_problem(specs, profile, device, workers)
     if problem is None and junitxml:
         from harness.results.store import check_writable
 
@@ -270,6 +289,7 @@ def run_conformance(
         replay=replay,
         user_plugins=user_plugins,
         coverage_json=coverage,
+        workers=workers,
     )
     try:
         with isolated_environment(user_plugins), fresh_suite_modules():

@@ -12,6 +12,7 @@ those into pytest usage errors.
 
 from __future__ import annotations
 
+import math
 import pkgutil
 import shlex
 import sys
@@ -90,6 +91,10 @@ class ConformanceSession:
     deselected: bool = False
     replay: tuple[str, str | None, bytes | None] | None = None
     replay_held: bool = False  # the replayed example ran and passed: the fix held
+    workers: int = 1  # processes sharing the run (an xdist worker's share of a budget: 1/N)
+    positions: dict[str, int] = field(default_factory=dict)  # test id -> collection index
+    examples_in_test: int = 0  # examples the running test has held (its report carries it)
+    pool_note: str | None = None  # why hypothesis's constant pool could not be fixed
     _profiles: dict[bool, Any] = field(default_factory=dict)
     _groups: tuple[int, list[Any]] | None = None  # (failures grouped, their groups)
 
@@ -178,8 +183,9 @@ class ConformanceSession:
         if self.cost is None:
             from harness.conformance.cost_budget import CostLedger
 
-            budget = self.profile_for(entry).cost_budget_s
-            self.cost = CostLedger(budget, tests=self.tests_per_backend)
+            budget = self.profile_for(entry).cost_budget_s / self.workers
+            tests = {b: math.ceil(n / self.workers) for b, n in self.tests_per_backend.items()}
+            self.cost = CostLedger(budget, tests=tests)
         return self.cost
 
     def current_item(self) -> str:
@@ -230,6 +236,8 @@ class ConformanceSession:
                     "(by predicted cost); "
                     "coverage is reported, not required"
                 )
+        if self.pool_note is not None:
+            notes.append(f"{self.pool_note}: examples may depend on which tests ran before")
         if self.shrink_limit is not None:
             notes.append(
                 f"a failure is shrunk for at most {self.shrink_limit:g} s (a backend runs "
@@ -252,6 +260,7 @@ class ConformanceSession:
             return  # outside a conformance test (the harness's unit tests call the checks)
         self.coverage_log().record(backend, self.current_test, scenarios, example=example)
         if example:
+            self.examples_in_test += 1
             self.triage_log().held(backend, self.current_test, scenarios, self._case())
         if example and self.reporter is not None:
             self.reporter.example_held()
@@ -276,13 +285,29 @@ class ConformanceSession:
         if self.current_test is None:
             return
         self.coverage_log().record_stateful(backend, self.current_test, run)
+        self.examples_in_test += 1
         if self.reporter is not None:
             self.reporter.example_held()
 
     def record_outcome(self, backend: str, module: str | None, test: str, outcome: str) -> None:
         if module is not None:
             self.modules.setdefault(backend, set()).add(module)
+        if backend not in self.verdicts.outcomes:  # columns in the selected order, as they come
+            from harness.conformance.workers import in_order
+
+            self.verdicts.outcomes[backend] = {}
+            names = [e.name for e in self.selected_entries()]
+            self.verdicts.outcomes = in_order(self.verdicts.outcomes, names)
         self.verdicts.record(backend, test, outcome)
+
+    def record_verdict(self, verdict: Any) -> None:
+        """One finished test (``workers.TestVerdict``, from its report): its outcome, and
+        its failure entry kept in collection order whichever process ran it."""
+        from harness.conformance.report import Failure
+
+        self.record_outcome(verdict.backend, verdict.module, verdict.function, verdict.outcome)
+        if verdict.failure is not None:
+            self.verdicts.add_failure(Failure(**verdict.failure), verdict.position)
 
     def replay_blob(self) -> tuple[str, bytes] | None:
         """``(hypothesis version, blob)`` of the example ``--replay`` asks for, if any."""

@@ -190,5 +190,13 @@ class TriageLog:
         if key:
             self._evidence(backend, test).failed[key] += 1
 
+    def merge(self, other: TriageLog) -> None:
+        """Add another process's evidence (a conformance worker's) to this one."""
+        for backend, tests in other.backends.items():
+            for test, theirs in tests.items():
+                mine = self._evidence(backend, test)
+                mine.held.update(theirs.held)
+                mine.failed.update(theirs.failed)
+
     def tests(self, backend: str) -> dict[str, TestEvidence]:
         return self.backends.get(backend, {})

@@ -15,7 +15,8 @@ hung or slow step cannot eat the lease. Steps, in order:
    installed) are looked up, and one that is not registered or
    cannot be imported is skipped with a line saying why;
 2. conformance on CUDA (``ci`` profile, ``kill`` with ``--quick``), one
-   pytest run per backend (``conformance-NAME``), each with an equal share
+   pytest run per backend (``conformance-NAME``), its tests spread over up to
+   ``GPU_CONFORMANCE_WORKERS`` pytest-xdist processes, each with an equal share
    of the time left to conformance (time one leaves unused passes on), the
    production-shape tests first, since they are what a GPU run is for. At
    its limit a run gets SIGINT, so pytest still writes the JUnit report of
@@ -262,10 +263,13 @@ def conformance_command(
     label: str | None = None,
     cudnn_off: bool = False,
     device: str = "cuda",
+    workers: int = 1,
 ) -> list[str]:
     """One backend's conformance run, its JUnit report ``conformance-LABEL.xml`` in ``out``.
 
-    ``cudnn_off`` loads ``harness.gpu.sdpa_cudnn_off``: SDPA without cuDNN attention.
+    ``cudnn_off`` loads ``harness.gpu.sdpa_cudnn_off``: SDPA without cuDNN attention;
+    ``workers`` pytest-xdist processes share the tests (the float64 oracle runs on the
+    CPU beside the kernel, so the machine's cores are the run's speed).
     """
     command = [
         sys.executable,
@@ -290,6 +294,8 @@ def conformance_command(
     ]
     if cudnn_off:
         command += ["-p", "harness.gpu.sdpa_cudnn_off"]
+    if workers > 1:  # `load` hands tests out in order: production shapes still come first
+        command += ["-p", "xdist", "-n", str(workers), "--dist", "load"]
     if _shrink_limit_supported():  # a failure's shrinking must not eat the step
         command += ["--shrink-time-limit", "20"]
     return command
@@ -423,7 +429,23 @@ class ConformanceRun:
             label=self.label,
             cudnn_off=self.cudnn_off,
             device=self.device,
+            workers=conformance_workers(),
         )
+
+
+GPU_CONFORMANCE_WORKERS = 4
+"""At most this many conformance processes share one GPU (each holds a CUDA context)."""
+
+
+def conformance_workers() -> int:
+    """Workers for a conformance run here: up to ``GPU_CONFORMANCE_WORKERS``, one per usable
+    CPU, and one where pytest-xdist is not installed."""
+    from harness.bench.environment import usable_cpus
+    from harness.conformance.workers import xdist_available
+
+    if not xdist_available():
+        return 1
+    return max(1, min(GPU_CONFORMANCE_WORKERS, usable_cpus()))
 
 
 def conformance_runs(
