@@ -69,6 +69,19 @@ SHAPES = {
     "large logits": {"magnitude": 30.0, "scale": 2.0},
     "shuffled pages": {"shuffle_pages": True, "context_lens": (19, 30), "query_lens": (2, 30)},
     "shared prefix": {"shared_prefix": 6, "context_lens": (10, 12, 9), "query_lens": (1, 2, 1)},
+    # the wide-rows path (16+ query rows of a KV head: rows in vectors, padded to whole ones)
+    "wide rows, 17 of them": {
+        "num_heads": 1,
+        "num_kv_heads": 1,
+        "context_lens": (17, 50),
+        "query_lens": (17, 17),
+    },
+    "wide rows, many blocks": {
+        "head_dim": 128,
+        "context_lens": (200, 131),
+        "query_lens": (70, 131),
+        "page_size": 7,
+    },
 }
 
 

@@ -363,6 +363,173 @@ inline void block_values(const float* S, int64_t R, int64_t D, const float* cons
 #endif
 }
 
+// -- The wide-rows path: many query rows per KV head (prefill, extend, speculative steps) --
+//
+// With R >= kLanes query rows against one key block, the work is a small matrix product
+// and everything is laid out with the rows innermost: Q^T [D][Rp], the logits and then
+// the probabilities S^T [key][Rp], the accumulator A^T [D][Rp], m and l [Rp] (Rp: R
+// rounded up to whole vectors, the extra rows zero and masked). Every key and value
+// element is then one broadcast against a vector of rows held in registers, read once
+// per block for all R rows, with no horizontal sums; the online softmax runs along
+// vectors of rows. The vector width is the widest the build's ISA has (16 floats with
+// AVX-512, 8 with AVX2, 4 otherwise), so one source serves each CPU it is built on.
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+constexpr int kLogitKeys = 4, kLogitVecs = 4;  // 16 accumulators + 4 row vectors (of 32)
+constexpr int kValueDims = 4, kValueVecs = 4;
+#elif defined(__AVX2__)
+constexpr int kLanes = 8;
+constexpr int kLogitKeys = 2, kLogitVecs = 4;  // 8 accumulators + 4 row vectors (of 16)
+constexpr int kValueDims = 2, kValueVecs = 4;
+#else
+constexpr int kLanes = 4;
+constexpr int kLogitKeys = 2, kLogitVecs = 2;
+constexpr int kValueDims = 2, kValueVecs = 2;
+#endif
+typedef float vfloat __attribute__((vector_size(kLanes * sizeof(float))));
+typedef float vfloat_u __attribute__((vector_size(kLanes * sizeof(float)), aligned(4)));
+typedef int32_t vint __attribute__((vector_size(kLanes * sizeof(int32_t))));
+
+inline vfloat vload(const float* p) { return *reinterpret_cast<const vfloat_u*>(p); }
+inline void vstore(float* p, vfloat v) { *reinterpret_cast<vfloat_u*>(p) = v; }
+inline vfloat splat(float x) { return vfloat{} + x; }  // one broadcast (a lane loop is not)
+
+// S^T[t][r] = K[t] . Q^T[:, r] for NT keys and NV row vectors starting at row r0.
+template <int NT, int NV>
+inline void logits_t_kernel(const float* Qt, int64_t Rp, int64_t D, const float* const* k,
+                            float* St, int64_t r0) {
+  vfloat acc[NT][NV];
+  for (int t = 0; t < NT; ++t)
+    for (int i = 0; i < NV; ++i) acc[t][i] = splat(0.0f);
+  for (int64_t d = 0; d < D; ++d) {
+    vfloat q[NV];
+    for (int i = 0; i < NV; ++i) q[i] = vload(Qt + d * Rp + r0 + i * kLanes);
+    for (int t = 0; t < NT; ++t) {
+      const vfloat b = splat(k[t][d]);
+      for (int i = 0; i < NV; ++i) acc[t][i] += b * q[i];
+    }
+  }
+  for (int t = 0; t < NT; ++t)
+    for (int i = 0; i < NV; ++i) vstore(St + t * Rp + r0 + i * kLanes, acc[t][i]);
+}
+
+template <int NT>
+inline void logits_t_rows(const float* Qt, int64_t Rp, int64_t D, const float* const* k,
+                          float* St) {
+  const int64_t vecs = Rp / kLanes;
+  int64_t v = 0;
+  for (; v + kLogitVecs <= vecs; v += kLogitVecs)
+    logits_t_kernel<NT, kLogitVecs>(Qt, Rp, D, k, St, v * kLanes);
+  for (; v < vecs; ++v) logits_t_kernel<NT, 1>(Qt, Rp, D, k, St, v * kLanes);
+}
+
+// S^T for every key of a block.
+inline void block_logits_t(const float* Qt, int64_t Rp, int64_t D, const float* const* k,
+                           int64_t nb, float* St) {
+  int64_t t = 0;
+  for (; t + kLogitKeys <= nb; t += kLogitKeys)
+    logits_t_rows<kLogitKeys>(Qt, Rp, D, k + t, St + t * Rp);
+  for (; t < nb; ++t) logits_t_rows<1>(Qt, Rp, D, k + t, St + t * Rp);
+}
+
+// A^T[d][r] += sum_t V[t][d] P^T[t][r] for ND dims from d0 and NV row vectors from r0.
+template <int ND, int NV>
+inline void values_t_kernel(const float* Pt, int64_t Rp, const float* const* v, int64_t nb,
+                            float* At, int64_t d0, int64_t r0) {
+  vfloat acc[ND][NV];
+  for (int e = 0; e < ND; ++e)
+    for (int i = 0; i < NV; ++i) acc[e][i] = vload(At + (d0 + e) * Rp + r0 + i * kLanes);
+  for (int64_t t = 0; t < nb; ++t) {
+    vfloat p[NV];
+    for (int i = 0; i < NV; ++i) p[i] = vload(Pt + t * Rp + r0 + i * kLanes);
+    for (int e = 0; e < ND; ++e) {
+      const vfloat b = splat(v[t][d0 + e]);
+      for (int i = 0; i < NV; ++i) acc[e][i] += b * p[i];
+    }
+  }
+  for (int e = 0; e < ND; ++e)
+    for (int i = 0; i < NV; ++i) vstore(At + (d0 + e) * Rp + r0 + i * kLanes, acc[e][i]);
+}
+
+template <int ND>
+inline void values_t_dims(const float* Pt, int64_t Rp, const float* const* v, int64_t nb,
+                          float* At, int64_t d0) {
+  const int64_t vecs = Rp / kLanes;
+  int64_t i = 0;
+  for (; i + kValueVecs <= vecs; i += kValueVecs)
+    values_t_kernel<ND, kValueVecs>(Pt, Rp, v, nb, At, d0, i * kLanes);
+  for (; i < vecs; ++i) values_t_kernel<ND, 1>(Pt, Rp, v, nb, At, d0, i * kLanes);
+}
+
+// A^T += V^T P^T for dims [d_begin, d_end) and every key of a block.
+inline void block_values_t(const float* Pt, int64_t Rp, int64_t d_begin, int64_t d_end,
+                           const float* const* v, int64_t nb, float* At) {
+  int64_t d = d_begin;
+  for (; d + kValueDims <= d_end; d += kValueDims)
+    values_t_dims<kValueDims>(Pt, Rp, v, nb, At, d);
+  for (; d < d_end; ++d) values_t_dims<1>(Pt, Rp, v, nb, At, d);
+}
+
+// exp(x) for x <= 0 along a vector: exp_nonpositive's polynomial, lane by lane.
+inline vfloat vexp_nonpositive(vfloat x) {
+  const vint underflow = x < -87.0f;
+  x = x < -87.0f ? splat(-87.0f) : x;
+  x = x > 0.0f ? splat(0.0f) : x;
+  const vfloat y0 = x * 1.44269504088896341f + 0.5f;
+  vfloat fx = __builtin_convertvector(__builtin_convertvector(y0, vint), vfloat);
+  fx = fx > y0 ? fx - 1.0f : fx;  // truncation toward zero, made a floor
+  vfloat r = x - fx * 0.693359375f;
+  r = r + fx * 2.12194440e-4f;
+  vfloat p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const vfloat y = p * r * r + r + 1.0f;
+  const vint pow2n = (__builtin_convertvector(fx, vint) + 127) << 23;
+  const vfloat e = y * (vfloat)pow2n;  // a cast between vectors of one size keeps the bits
+  return (vfloat)((vint)e & ~underflow);
+}
+
+// The online softmax of one block along vectors of rows: S^T becomes P^T in place, each
+// row's m and l move to the block, and A^T is rescaled to the new maxima. A key at or
+// past a row's limit gets weight 0; a row with no visible key so far stays untouched.
+inline void softmax_t(float* St, int64_t Rp, int64_t D, int64_t nb, int64_t t0,
+                      const int64_t* limit, float* m, float* l, float* At, float* alpha) {
+  const vfloat neg_inf = splat(kNegInf);
+  for (int64_t r = 0; r < Rp; r += kLanes) {
+    vfloat visible;
+    for (int i = 0; i < kLanes; ++i) visible[i] = float(limit[r + i] - t0);
+    vfloat block_max = neg_inf;
+    for (int64_t t = 0; t < nb; ++t) {
+      vfloat s = vload(St + t * Rp + r);
+      s = splat(float(t)) < visible ? s : neg_inf;
+      vstore(St + t * Rp + r, s);
+      block_max = s > block_max ? s : block_max;
+    }
+    const vfloat m_old = vload(m + r);
+    const vfloat m_new = block_max > m_old ? block_max : m_old;
+    const vfloat kept = m_old == neg_inf ? splat(0.0f) : vexp_nonpositive(m_old - m_new);
+    const vfloat a = (m_new == neg_inf) | (m_old == m_new) ? splat(1.0f) : kept;
+    // a row that has seen no key yet: every weight exactly 0 (and no -inf - -inf)
+    const vfloat shift = m_new == neg_inf ? splat(std::numeric_limits<float>::max()) : m_new;
+    vfloat sum = splat(0.0f);
+    for (int64_t t = 0; t < nb; ++t) {
+      const vfloat p = vexp_nonpositive(vload(St + t * Rp + r) - shift);
+      vstore(St + t * Rp + r, p);
+      sum += p;
+    }
+    vstore(l + r, vload(l + r) * a + sum);
+    vstore(m + r, m_new);
+    vstore(alpha + r, a);
+  }
+  for (int64_t d = 0; d < D; ++d) {
+    float* row = At + d * Rp;
+    for (int64_t r = 0; r < Rp; r += kLanes) vstore(row + r, vload(row + r) * vload(alpha + r));
+  }
+}
+
 // p[t] = exp(s[t] - m) in place for t < n; returns the sum of the p.
 inline float exp_block(float* s, int64_t n, float m) {
   int64_t t = 0;
@@ -448,8 +615,11 @@ class PrefetchCursor {
 struct Scratch {
   PrefetchCursor cursor;
   std::vector<float> q, acc, m, l, scores, kbuf, vbuf;
+  std::vector<float> qt, at, mt, lt, st, alpha;  // the wide-rows path's (rows innermost)
   std::vector<const float*> krow, vrow;
-  std::vector<int64_t> limit, kofs, vofs, next_kofs, next_vofs;
+  std::vector<int64_t> limit, limit_t, kofs, vofs, next_kofs, next_vofs;
+
+  static int64_t padded(int64_t rows) { return (rows + kLanes - 1) / kLanes * kLanes; }
 
   Scratch(int64_t rows, int64_t heads, int64_t d)
       : q(size_t(heads * rows * d)),
@@ -459,9 +629,16 @@ struct Scratch {
         scores(size_t(rows * kBlock)),
         kbuf(size_t(kBlock * d)),
         vbuf(size_t(kBlock * d)),
+        qt(size_t(heads * d * padded(rows))),
+        at(size_t(heads * d * padded(rows))),
+        mt(size_t(heads * padded(rows))),
+        lt(size_t(heads * padded(rows))),
+        st(size_t(kBlock * padded(rows))),
+        alpha(size_t(2 * padded(rows))),
         krow(size_t(kBlock)),
         vrow(size_t(kBlock)),
         limit(size_t(rows)),
+        limit_t(size_t(padded(rows))),
         kofs(size_t(kBlock)),
         vofs(size_t(kBlock)),
         next_kofs(size_t(kBlock)),
@@ -527,6 +704,21 @@ void attend_tile(const Params& P, const int32_t* tile, int64_t h0, int64_t h1, S
     }
   }
   std::fill(sc.acc.begin(), sc.acc.begin() + (h1 - h0) * R * D, 0.0f);
+  const bool wide = R >= kLanes;  // enough rows for vectors of rows (see softmax_t)
+  const int64_t Rp = Scratch::padded(R);
+  if (wide) {
+    for (int64_t h = 0; h < h1 - h0; ++h) {
+      float* qt = sc.qt.data() + h * D * Rp;
+      for (int64_t r = 0; r < Rp; ++r) {
+        const float* qr = sc.q.data() + (h * R + r) * D;
+        for (int64_t d = 0; d < D; ++d) qt[d * Rp + r] = r < R ? qr[d] : 0.0f;
+      }
+    }
+    std::fill(sc.at.begin(), sc.at.begin() + (h1 - h0) * D * Rp, 0.0f);
+    std::fill(sc.mt.begin(), sc.mt.begin() + (h1 - h0) * Rp, kNegInf);
+    std::fill(sc.lt.begin(), sc.lt.begin() + (h1 - h0) * Rp, 0.0f);
+    for (int64_t r = 0; r < Rp; ++r) sc.limit_t[size_t(r)] = r < R ? sc.limit[size_t(r)] : 0;
+  }
 
   int64_t* kofs = sc.kofs.data();
   int64_t* vofs = sc.vofs.data();
@@ -585,6 +777,24 @@ void attend_tile(const Params& P, const int32_t* tile, int64_t h0, int64_t h1, S
           sc.vrow[size_t(t)] = dst;
         }
       }
+      if (wide) {
+        const int64_t hw = h - h0;
+        float* Qt = sc.qt.data() + hw * D * Rp;
+        float* At = sc.at.data() + hw * D * Rp;
+        float* St = sc.st.data();
+        for (int64_t c = 0; c < nb; c += kChunk) {
+          block_logits_t(Qt, Rp, D, sc.krow.data() + c, std::min(kChunk, nb - c), St + c * Rp);
+          cursor.issue(quota);
+        }
+        softmax_t(St, Rp, D, nb, t0, sc.limit_t.data(), sc.mt.data() + hw * Rp,
+                  sc.lt.data() + hw * Rp, At, sc.alpha.data());
+        const int64_t dims = std::max<int64_t>(kValueDims, (D + kChunk - 1) / kChunk);
+        for (int64_t d = 0; d < D; d += dims) {  // P.V in slices of dims, prefetching between
+          block_values_t(St, Rp, d, std::min(D, d + dims), sc.vrow.data(), nb, At);
+          cursor.issue(quota);
+        }
+        continue;
+      }
       // Logits: each key row is loaded once and used by every query row of the head;
       // keys past a row's causal limit (still inside the sequence) are masked after.
       for (int64_t c = 0; c < nb; c += kChunk) {
@@ -623,6 +833,17 @@ void attend_tile(const Params& P, const int32_t* tile, int64_t h0, int64_t h1, S
     }
   }
 
+  if (wide) {  // A^T, m and l back to rows, as the narrow path leaves them
+    for (int64_t h = 0; h < h1 - h0; ++h) {
+      const float* At = sc.at.data() + h * D * Rp;
+      for (int64_t r = 0; r < R; ++r) {
+        float* ar = sc.acc.data() + (h * R + r) * D;
+        for (int64_t d = 0; d < D; ++d) ar[d] = At[d * Rp + r];
+        sc.m[size_t(h * R + r)] = sc.mt[size_t(h * Rp + r)];
+        sc.l[size_t(h * R + r)] = sc.lt[size_t(h * Rp + r)];
+      }
+    }
+  }
   for (int64_t h = h0; h < h1; ++h) {
     const int64_t hrow = (h - h0) * R;
     const float* acc = sc.acc.data() + hrow * D;
