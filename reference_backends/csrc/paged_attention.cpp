@@ -392,7 +392,7 @@ typedef int32_t vint __attribute__((vector_size(kLanes * sizeof(int32_t))));
 
 inline vfloat vload(const float* p) { return *reinterpret_cast<const vfloat_u*>(p); }
 inline void vstore(float* p, vfloat v) { *reinterpret_cast<vfloat_u*>(p) = v; }
-inline vfloat splat(float x) { return vfloat{} + x; }  // one broadcast (a lane loop is not)
+inline vfloat splat(float x) { return x - vfloat{}; }  // one broadcast (x - 0 folds; 0 + x not)
 
 // S^T[t][r] = K[t] . Q^T[:, r] for NT keys and NV row vectors starting at row r0.
 template <int NT, int NV>
@@ -620,6 +620,9 @@ struct Scratch {
   std::vector<int64_t> limit, limit_t, kofs, vofs, next_kofs, next_vofs;
 
   static int64_t padded(int64_t rows) { return (rows + kLanes - 1) / kLanes * kLanes; }
+  // 1 when a tile of `rows` query rows takes the wide path (else its buffers stay empty:
+  // a short decode call must not pay for zeroing them)
+  static int64_t wide(int64_t rows) { return rows >= kLanes ? 1 : 0; }
 
   Scratch(int64_t rows, int64_t heads, int64_t d)
       : q(size_t(heads * rows * d)),
@@ -629,12 +632,12 @@ struct Scratch {
         scores(size_t(rows * kBlock)),
         kbuf(size_t(kBlock * d)),
         vbuf(size_t(kBlock * d)),
-        qt(size_t(heads * d * padded(rows))),
-        at(size_t(heads * d * padded(rows))),
-        mt(size_t(heads * padded(rows))),
-        lt(size_t(heads * padded(rows))),
-        st(size_t(kBlock * padded(rows))),
-        alpha(size_t(2 * padded(rows))),
+        qt(size_t(wide(rows) * heads * d * padded(rows))),
+        at(size_t(wide(rows) * heads * d * padded(rows))),
+        mt(size_t(wide(rows) * heads * padded(rows))),
+        lt(size_t(wide(rows) * heads * padded(rows))),
+        st(size_t(wide(rows) * kBlock * padded(rows))),
+        alpha(size_t(wide(rows) * 2 * padded(rows))),
         krow(size_t(kBlock)),
         vrow(size_t(kBlock)),
         limit(size_t(rows)),
@@ -704,7 +707,7 @@ void attend_tile(const Params& P, const int32_t* tile, int64_t h0, int64_t h1, S
     }
   }
   std::fill(sc.acc.begin(), sc.acc.begin() + (h1 - h0) * R * D, 0.0f);
-  const bool wide = R >= kLanes;  // enough rows for vectors of rows (see softmax_t)
+  const bool wide = Scratch::wide(R) != 0;  // enough rows for vectors of rows (softmax_t)
   const int64_t Rp = Scratch::padded(R);
   if (wide) {
     for (int64_t h = 0; h < h1 - h0; ++h) {
