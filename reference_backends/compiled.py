@@ -11,22 +11,23 @@ constructor, never in ``forward``; ``prepare`` builds the work list.
 The kernel never gathers. A work item is a (query tile, key split) of one
 sequence for a group of KV heads; each KV head's GQA group of query heads
 shares every K/V row it loads. A tile of few rows per KV head (decode) uses
-AVX2 micro-kernels: 4 query rows x 2 keys of FMA chains for the logits, 4
-rows x 16 floats of register accumulators for P.V. A tile of 16+ rows
-(prefill, extend) lays its rows innermost (``Q^T``, ``S^T``, ``A^T``), so each
-K/V element is one broadcast against vectors of rows in registers, in the
-widest vectors the build's ISA has (AVX-512: 16 floats). Keys are read through the block table and the cache's own strides
-(halves of a combined ``[pages, 2, ...]`` tensor work as they are); the
-softmax is online in fp32 over blocks of 32 keys, and no key outside a row's
-visible range is ever read, so NaN garbage past a sequence's end cannot
-reach an output. The next block's rows are software-prefetched in address
-order, a few lines between compute chunks: the hardware prefetchers stop at
-4 KiB pages and one head's rows sit a token row apart, and a burst of
-prefetches stalls the core (spreading them cut the decode time ~35%). Few
-items (a short batch) split their keys (flash-decoding) and a second pass
-merges the partials. OpenMP shares torch's runtime (``libgomp.so.1`` is
-already loaded) at torch's thread count. Without AVX2 a portable C++ path
-runs; without a compiler the constructor raises ``CompilerUnavailable``.
+AVX2 micro-kernels: 4 query rows x 2 keys of FMA chains for the logits, 4 rows
+x 16 floats of register accumulators for P.V. A tile of 16+ rows (prefill,
+extend) lays its rows innermost (``Q^T``, ``S^T``, ``A^T``), so each K/V
+element is one broadcast against vectors of rows in registers, in the widest
+vectors the build's ISA has (AVX-512: 16 floats). Keys are read through the
+block table and the cache's own strides (halves of a combined ``[pages, 2,
+...]`` tensor work as they are); the softmax is online in fp32 over blocks of
+32 keys, and no key outside a row's visible range is ever read, so NaN garbage
+past a sequence's end cannot reach an output. The next block's rows are
+software-prefetched in address order, a few lines between compute chunks: the
+hardware prefetchers stop at 4 KiB pages and one head's rows sit a token row
+apart, and a burst of prefetches stalls the core (spreading them cut the decode
+time ~35%). Few items (a short batch) split their keys (flash-decoding) and a
+second pass merges the partials. OpenMP shares torch's runtime
+(``libgomp.so.1`` is already loaded) at torch's thread count. Without AVX2 a
+portable C++ path runs; without a compiler the constructor raises
+``CompilerUnavailable``.
 
 Measured with ``python tools/measure_compiled.py`` (one process; interleaved
 medians of 15 calls) on the 2-core AMD EPYC (Zen 4, AVX2) CI VM, while other

@@ -166,7 +166,8 @@ def test_unsupported_cases_collapse_into_one_line_per_backend(tmp_path):
     page = (out / "index.html").read_text()
     assert "<td>UNSUPPORTED</td>" not in page
     assert f"<li>reference: 6 cases unsupported ({REASON})</li>" in section(page, "run-1")
-    assert page.count("<tr><td>decode-sweep</td>") == 3 * 2  # the peer and sdpa, 3 cases each
+    cases = section(page, "run-1")
+    assert cases.count("<tr><td>decode-sweep</td>") == 3 * 2  # the peer and sdpa, 3 cases each
     verdict = section(page, "verdict")
     assert "0/6</td>" in verdict
     assert f"6 unsupported ({REASON})" in verdict
@@ -318,3 +319,35 @@ def test_the_runs_own_flags_reach_the_verdict():
     assert [f.text for f in verdict.flags] == [
         "ceiling spread: copy bandwidth 4.47 GB/s to 7.01 GB/s"
     ]
+
+
+def test_each_workload_shows_every_backend_and_the_peer_against_the_ceiling(tmp_path):
+    """A row per workload, a column per backend: each one's share of the binding ceiling."""
+    out = tmp_path / "r"
+    build_report([DATA], out)
+    runs = runs_of(DATA)
+    verdict = verdict_of(load_inputs([DATA]), runs)
+    workloads = list(dict.fromkeys(c.case.workload for c in runs[0].cases))
+    assert len(workloads) >= 2
+    assert [line.workload for line in verdict.by_workload] == sorted(
+        (line.workload for line in verdict.by_workload), key=workloads.index
+    )
+    backends = {line.backend for line in verdict.by_workload}
+    assert "contiguous-sdpa" in backends
+    assert len(backends) >= 2
+    for line in verdict.by_workload:
+        own = [
+            c.roofline_fraction
+            for c in runs[0].cases
+            if c.case.workload == line.workload and c.case.backend == line.backend and c.valid
+        ]
+        assert line.roofline is not None
+        assert line.roofline.low == min(own)
+        assert line.roofline.high == max(own)
+    page = section((out / "index.html").read_text(), "verdict")
+    table = page[page.index("Against the machine, per workload") :]
+    assert all(f"<td>{w}</td>" in table for w in workloads)
+    summary = (out / "summary.md").read_text()
+    assert "Against the machine (share of the binding ceiling), per workload:" in summary
+    grid = summary[summary.index("per workload:") :]
+    assert all(f"| {w} |" in grid for w in workloads)

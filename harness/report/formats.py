@@ -7,7 +7,9 @@ spread over cases as ``0.84x (0.52-1.9x)``.
 
 from __future__ import annotations
 
-from harness.report.verdict import Range
+from collections.abc import Sequence
+
+from harness.report.verdict import Range, WorkloadLine
 
 
 def ratio(value: float | None, ci: tuple[float, float] | None = None) -> str:
@@ -37,3 +39,24 @@ def percent_range(spread: Range | None) -> str:
     if spread is None:
         return "-"
     return f"{percent(spread.median)} ({percent(spread.low).rstrip('%')}-{percent(spread.high)})"
+
+
+def workload_grid(
+    lines: Sequence[WorkloadLine], several_runs: bool
+) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the per-workload roofline table: a row per (run,) workload, a
+    column per backend, each cell its share of the binding ceiling and which one binds,
+    so a backend and the peer beside it read at a glance against the machine."""
+    backends = list(dict.fromkeys(line.backend for line in lines))
+    keys = list(dict.fromkeys((line.run, line.workload) for line in lines))
+    cells = {(line.run, line.workload, line.backend): line for line in lines}
+    header = (["run"] if several_runs else []) + ["workload", *backends]
+    rows = []
+    for run, workload in keys:
+        row = ([run] if several_runs else []) + [workload]
+        for backend in backends:
+            line = cells.get((run, workload, backend))
+            shown = "-" if line is None else percent_range(line.roofline)
+            row.append(shown if line is None or not line.bound else f"{shown} {line.bound}")
+        rows.append(row)
+    return header, rows

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from harness.bench.table import format_ns
 from harness.report.figure_style import RenderedFigure, SkippedFigure
-from harness.report.formats import percent, percent_range, ratio, ratio_range
+from harness.report.formats import percent, percent_range, ratio, ratio_range, workload_grid
 from harness.report.stats import AnalysedRun, CaseStats, ceilings, overhead_median_ns
 from harness.report.verdict import (
     PerformanceLine,
@@ -182,6 +182,20 @@ def _verdict_performance(verdict: Verdict) -> str:
     return "<h3>Performance</h3>" + intro + _table(header, rows)
 
 
+def _verdict_by_workload(verdict: Verdict) -> str:
+    if not verdict.by_workload:
+        return ""
+    header, cells = workload_grid(verdict.by_workload, verdict.several_runs)
+    first = 2 if verdict.several_runs else 1
+    rows = [Row(row, None, frozenset(range(first, len(row)))) for row in cells]
+    intro = (
+        "<p>Each backend's share of the ceiling that binds (mem: copy bandwidth, cmp: "
+        "matmul rate), workload by workload: the median over its timed cases and their "
+        "range. The peer is the contiguous SDPA the ratios are taken against.</p>"
+    )
+    return "<h3>Against the machine, per workload</h3>" + intro + _table(header, rows)
+
+
 def _verdict_flags(verdict: Verdict) -> str:
     flags = verdict.flags
     if not flags:
@@ -207,6 +221,7 @@ def _verdict(verdict: Verdict) -> str:
         f'<p class="headline {state}">{_e(verdict.headline())}</p>'
         + _verdict_conformance(verdict)
         + _verdict_performance(verdict)
+        + _verdict_by_workload(verdict)
         + _verdict_flags(verdict)
         + "</section>"
     )

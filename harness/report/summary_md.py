@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from harness.bench.table import format_ns
-from harness.report.formats import percent_range, ratio, ratio_range
+from harness.report.formats import percent_range, ratio, ratio_range, workload_grid
 from harness.report.stats import AnalysedRun, CaseStats
 from harness.report.verdict import Verdict, shown_cases, unsupported_groups, verdict_of
 
@@ -78,6 +78,11 @@ def _verdict(verdict: Verdict) -> list[str]:
             cells += [md(p.backend), f"{p.timed}/{p.cases}", peer, percent_range(p.roofline)]
             rows.append([*cells, note])
         lines += [*_table(header, rows), ""]
+    if verdict.by_workload:
+        header, grid = workload_grid(verdict.by_workload, verdict.several_runs)
+        lines += ["Against the machine (share of the binding ceiling), per workload:", ""]
+        shown = [md(cell) for cell in header]  # backend names come from the input files
+        lines += [*_table(shown, [[md(cell) for cell in row] for row in grid]), ""]
     lines += _flags(verdict)
     return lines
 

@@ -77,6 +77,17 @@ class PerformanceLine:
 
 
 @dataclass(frozen=True)
+class WorkloadLine:
+    """One backend on one workload of one run: its share of the ceiling that binds there."""
+
+    run: str
+    workload: str
+    backend: str
+    roofline: Range | None  # across the workload's timed cases
+    bound: str | None  # the ceiling most of them are bound by (mem, cmp)
+
+
+@dataclass(frozen=True)
 class Unsupported:
     """Cases a backend declared it cannot run, for one reason: one line, not a row each."""
 
@@ -114,6 +125,7 @@ class Verdict:
     flags: list[Flag]
     failures: list[Failure] = field(default_factory=list)
     several_runs: bool = False
+    by_workload: list[WorkloadLine] = field(default_factory=list)  # each backend's roofline share
 
     @property
     def conformance_failed(self) -> list[ConformanceLine]:
@@ -228,6 +240,21 @@ def _performance(run: AnalysedRun) -> list[PerformanceLine]:
     return lines
 
 
+def _by_workload(run: AnalysedRun) -> list[WorkloadLine]:
+    """Per workload and backend, the share of the binding ceiling over its timed cases: how
+    far each backend (the peer one of them) is from the machine, workload by workload."""
+    lines = []
+    for workload in dict.fromkeys(s.case.workload for s in run.cases):
+        cases = [s for s in run.cases if s.case.workload == workload and s.valid]
+        for backend in dict.fromkeys(s.case.backend for s in cases):
+            own = [s for s in cases if s.case.backend == backend]
+            fractions = [s.roofline_fraction for s in own if s.roofline_fraction is not None]
+            if fractions:
+                bound = _most_common([s.bound for s in own if s.bound])
+                lines.append(WorkloadLine(run.label, workload, backend, Range.of(fractions), bound))
+    return lines
+
+
 def _reason(s: CaseStats) -> str:
     return " ".join((s.case.error or "no reason given").split())
 
@@ -291,4 +318,5 @@ def verdict_of(inputs: Inputs, runs: Sequence[AnalysedRun]) -> Verdict:
         flags=[flag for run in runs for flag in _flags(run)],
         failures=failures,
         several_runs=len(runs) > 1,
+        by_workload=[line for run in runs for line in _by_workload(run)],
     )
