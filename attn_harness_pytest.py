@@ -499,7 +499,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if _POOL_KEY not in session.config.stash and any(map(backend_entry_of, session.items)):
         from harness.conformance.draw_constants import freeze_pool
 
-        frozen = freeze_pool([e.cls for e in run.selected_entries()])
+        frozen = freeze_pool()
         if isinstance(frozen, str):
             run.pool_note = frozen
         else:

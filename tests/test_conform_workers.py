@@ -212,22 +212,26 @@ def test_default_is_one_worker_per_usable_cpu(monkeypatch):
     assert seen["workers"] == 5
 
 
-def test_the_frozen_pool_ignores_modules_imported_later_and_is_undone(tmp_path, monkeypatch):
+def test_the_frozen_pool_is_fixed_boundaries_whatever_is_imported_and_is_undone(
+    tmp_path, monkeypatch
+):
     from hypothesis.internal.conjecture import providers
 
-    from harness.conformance.draw_constants import freeze_pool, project_sources
+    from harness.conformance.draw_constants import freeze_pool, kernel_boundaries
 
-    assert any(path.name == "strategies.py" for path in project_sources())
     before = providers._get_local_constants
-    undo = freeze_pool([])
+    undo = freeze_pool()
     assert callable(undo)
     try:
         pool = providers._get_local_constants()
-        assert 8192 in pool.set_for_type("integer")  # a threshold of this project's own code
+        assert pool == kernel_boundaries()
+        integers = pool.set_for_type("integer")
+        assert {255, 256, 257, 8192, 32768, -32769} <= integers  # splits, int16's edge
+        assert -5e4 in pool.set_for_type("float")  # a finite sentinel
         (tmp_path / "late_module.py").write_text("THRESHOLD = 987654321\n")
         monkeypatch.syspath_prepend(str(tmp_path))
         __import__("late_module")
-        assert 987654321 not in providers._get_local_constants().set_for_type("integer")
+        assert providers._get_local_constants() == kernel_boundaries()
     finally:
         undo()
     assert providers._get_local_constants is before

@@ -93,11 +93,6 @@ SUBSUMED = {
 """Why a test with no bug of its own is kept: which other test catches its planted bugs."""
 
 
-LOAD_EVERY_MUTANT = ("-p", "suites.mutants.backends")
-"""Every worker imports every mutant module: hypothesis mixes literal constants of the loaded
-modules into its draws, so each worker must load the same ones for the draws to agree."""
-
-
 def run_suite(
     specs: list[str],
     profile: str,
@@ -135,7 +130,6 @@ def run_suite(
                     "-m",
                     "pytest",
                     "-q",
-                    *LOAD_EVERY_MUTANT,
                     *narrowing,
                     *pytest_arguments(chunk, profile, str(r), extra),
                 ],
