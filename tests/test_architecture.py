@@ -28,6 +28,7 @@ LAYERS = {
     "gate": 3,
     "dist": 3,
     "gpu": 3,
+    "ab": 3,
     "cli": 4,
 }
 """Each subsystem's layer: a module may import its own package and lower layers only."""

@@ -446,7 +446,9 @@ def test_gate_fits_the_terminal_and_counts_many_missing_cases_on_one_line(
     assert not [row for row in _case_rows(lines) if row.startswith("MISSING")]
     assert len(_case_rows(lines)) == 4  # the INCONCLUSIVE case past the threshold, 3 NEW
     assert "(2 more cases, each within the threshold or not compared" in text
-    assert f"attn-harness gate: PASSED: 2 INCONCLUSIVE, {total} MISSING, 3 NEW, 1 UNCOMPARED" in text
+    assert (
+        f"attn-harness gate: PASSED: 2 INCONCLUSIVE, {total} MISSING, 3 NEW, 1 UNCOMPARED" in text
+    )
 
 
 def test_gate_verbose_lists_every_case_within_the_width(
@@ -456,7 +458,9 @@ def test_gate_verbose_lists_every_case_within_the_width(
     lines = _gate_output(monkeypatch, capsys, 80, "-v", "--junitxml", str(junit))
     assert max(len(line) for line in lines) <= 80
     rows = _case_rows(lines)
-    assert len(rows) == 2 + sum(_missing_by_workload().values()) + 3 + 1  # every case, one row each (continuations indented)
+    assert (
+        len(rows) == 2 + sum(_missing_by_workload().values()) + 3 + 1
+    )  # every case, one row each (continuations indented)
     keys = {row.split()[1] for row in rows}
     assert "decode-sweep@1/ctx=1024::contiguous-sdpa" in keys  # case names are kept whole
     assert int(ET.parse(junit).getroot().get("tests", "0")) == len(rows)

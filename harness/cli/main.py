@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from harness.cli.ab import add_ab_command
 from harness.cli.bench import add_bench_command
 from harness.cli.dist import add_dist_bench_command, add_dist_command
 from harness.cli.gate import add_baseline_command, add_gate_command
@@ -329,6 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_command(sub)
     add_gate_command(sub)
     add_baseline_command(sub)
+    add_ab_command(sub)
     add_dist_command(sub)
     add_dist_bench_command(sub)
     return parser

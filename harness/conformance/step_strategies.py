@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from harness.conformance.production_shapes import LARGE_DP_SIZES, REGIMES, SPEC_GROUPS, CostLimit
 from harness.conformance.strategies import (
     CI_BUDGET,
+    WINDOWS,
     Budget,
     balanced,
     batches,
@@ -40,6 +41,8 @@ LOGIT_OFFSETS = (-1e5, -6e4, -3.5e4, -1.2e4, -1e3, 1e3, 3.5e4, 1e5)
 -3e4, -5e4), the side where those bugs live drawn more, and far above zero (an ``exp2``
 domain, a max kept in a narrow type)."""
 OFFSET_ONE_IN = 2  # steps whose rows get logit offsets
+FAR_BELOW = tuple(o for o in LOGIT_OFFSETS if o < -1e4)
+"""Offsets past every finite sentinel and finite mask value a kernel uses (-1e4 and lower)."""
 
 
 MIXED_REGIMES = tuple(r for r in REGIMES if r != "token-budget")
@@ -189,6 +192,52 @@ def scenarios(
         base = draw(_served_heads(caps, base, budget))  # a spec-decode step
     dp_size = draw(st.integers(min_dp_size, max_dp))
     return _step_options(draw, caps, base, contexts, queries, dp_size)
+
+
+def _features_on(scenario: Scenario) -> list[str]:
+    """The ``VARIANT_FEATURES`` names of ``scenario``'s variant that are on."""
+    claim = scenario.variant.claim()
+    on = [name for name in ("sliding_window", "soft_cap", "sinks", "alibi") if claim[name]]
+    return [*on, "fp8"] if scenario.variant.quantized else on
+
+
+@st.composite
+def far_below_scenarios(
+    draw: st.DrawFn,
+    caps: Capabilities,
+    *,
+    dp_aware: bool = True,
+    budget: Budget = CI_BUDGET,
+    min_dp_size: int = 1,
+    device: str = "cpu",
+) -> Scenario:
+    """A step whose every row's logits lie below -1e4, under a sliding window when claimed.
+
+    A finite mask value or running-max sentinel (``-1e4``, ``-3e4``) then
+    outweighs every key a row may see, so the masked keys win: an error only
+    such rows show, and one plain draws reach only when a window and a far
+    offset happen to meet. Where the dtype or a soft-cap bound leaves no room
+    for such an offset, the step is drawn as it is.
+    """
+    scenario = draw(
+        scenarios(caps, dp_aware=dp_aware, budget=budget, min_dp_size=min_dp_size, device=device)
+    )
+    allowed = [w for w in WINDOWS if w >= caps.min_sliding_window]
+    if caps.sliding_window and scenario.variant.sliding_window is None and allowed:
+        windowed = replace(
+            scenario,
+            variant=replace(scenario.variant, sliding_window=draw(st.sampled_from(allowed))),
+        )
+        if caps.allows_variants(_features_on(windowed)):
+            scenario = windowed
+    plain = replace(scenario, logit_offsets=())
+    room = soft_cap_room(caps, plain) - logit_reach(plain)
+    limit = min(logit_offset_limit(plain), room - PLANTED_LOGIT)
+    menu = [o for o in FAR_BELOW if -o <= limit]
+    if not menu:
+        return scenario
+    rows = len(plain.context_lens)
+    return replace(plain, logit_offsets=tuple(draw(st.sampled_from(menu)) for _ in range(rows)))
 
 
 def _large_pool(

@@ -34,13 +34,14 @@ def _render(paths: Sequence[str | Path], title: str) -> dict[str, bytes]:
     from harness.report.figures import make_figures
     from harness.report.inputs import load_inputs
     from harness.report.page import render_page
+    from harness.report.pair_section import pair_figures
     from harness.report.stats import analyse
     from harness.report.summary_md import render_summary
     from harness.report.verdict import verdict_of
 
     inputs = load_inputs(paths)
     runs = analyse(inputs.bench)
-    figures = make_figures(runs, inputs.conformance)
+    figures = [*make_figures(runs, inputs.conformance), *pair_figures(inputs.pairs)]
     verdict = verdict_of(inputs, runs)
     files = {
         "index.html": render_page(title, inputs, runs, figures, verdict).encode("utf-8"),

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from harness.results.pairs import PairRecord
     from harness.results.store import RunRecord
 
 RESULTS_SCHEMA = "attn-harness/results"
@@ -74,10 +75,19 @@ class BenchRun:
 
 
 @dataclass
+class PairRun:
+    """One paired A/B comparison (``attn-harness ab --out``)."""
+
+    path: Path
+    record: PairRecord
+
+
+@dataclass
 class Inputs:
     bench: list[BenchRun]
     conformance: list[ConformanceRun]
     skipped: list[str] = field(default_factory=list)  # "path: why", files passed over in folders
+    pairs: list[PairRun] = field(default_factory=list)
 
 
 # -- finding the files ------------------------------------------------------------------
@@ -360,6 +370,7 @@ def load_inputs(paths: Sequence[str | Path]) -> Inputs:
     files = _expand(paths)
     runs: list[tuple[Path, RunRecord]] = []
     conformance: list[ConformanceRun] = []
+    pairs: list[PairRun] = []
     skipped: list[str] = []
     for path, named in files:
         if path.name.endswith(COVERAGE_SUFFIX):
@@ -373,16 +384,31 @@ def load_inputs(paths: Sequence[str | Path]) -> Inputs:
         try:
             if _looks_like_xml(path, text):
                 conformance.append(_junit(path, text))
+            elif (pair := _pair(path, text)) is not None:
+                pairs.append(pair)
             else:
                 runs.append((path, _load_json_run(path, text)))
         except _NotThisKind as exc:
             if named:
                 raise ReportError(str(exc)) from None
             skipped.append(str(exc))
-    if not runs and not conformance:
+    if not runs and not conformance and not pairs:
         raise ReportError(
             "nothing to report on: no results file, pytest-benchmark JSON or JUnit XML among "
             + ", ".join(str(p) for p in paths)
         )
     bench = [BenchRun(p, r, label) for (p, r), label in zip(runs, _labels(runs), strict=True)]
-    return Inputs(bench=bench, conformance=conformance, skipped=skipped)
+    return Inputs(bench=bench, conformance=conformance, skipped=skipped, pairs=pairs)
+
+
+def _pair(path: Path, text: str) -> PairRun | None:
+    """A paired comparison's document, or ``None`` when the file is some other kind."""
+    from harness.results.pairs import PairRecordError, is_pair_document, pair_from_json
+
+    data = _parse_json(path, text)
+    if not is_pair_document(data):
+        return None
+    try:
+        return PairRun(path, pair_from_json(data, str(path)))
+    except PairRecordError as exc:
+        raise ReportError(str(exc)) from None

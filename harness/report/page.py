@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from harness.bench.table import format_ns
 from harness.report.figure_style import RenderedFigure, SkippedFigure
 from harness.report.formats import percent, percent_range, ratio, ratio_range, workload_grid
+from harness.report.pair_section import pair_html
 from harness.report.stats import AnalysedRun, CaseStats, ceilings, overhead_median_ns
 from harness.report.verdict import (
     PerformanceLine,
@@ -419,11 +420,13 @@ def _inputs(inputs: Inputs, runs: Sequence[AnalysedRun]) -> str:
 # -- the page -----------------------------------------------------------------------------
 
 
-def _contents(runs: Sequence[AnalysedRun], conformance: bool) -> str:
+def _contents(runs: Sequence[AnalysedRun], conformance: bool, pairs: bool = False) -> str:
     links = [("verdict", "Verdict"), ("figures", "Figures")]
     links += [(f"run-{i}", f"Cases of run {i}") for i, _ in enumerate(runs, 1)]
     if conformance:
         links.append(("conformance", "Conformance details"))
+    if pairs:
+        links.append(("paired", "Paired A/B comparisons"))
     links.append(("inputs", "Inputs"))
     items = "".join(f'<li><a href="#{_e(a)}">{_e(t)}</a></li>' for a, t in links)
     return f"<nav><ul>{items}</ul></nav>"
@@ -448,12 +451,15 @@ def render_page(
     body = [
         f"<body>\n<header><h1>{_e(title)}</h1>",
         f'<p class="muted">Written by attn-harness report from {len(inputs.bench)} benchmark '
-        f"run(s) and {len(inputs.conformance)} conformance run(s).</p></header>",
-        _contents(runs, bool(inputs.conformance)),
+        f"run(s) and {len(inputs.conformance)} conformance run(s)"
+        + (f", with {len(inputs.pairs)} paired comparison(s)" if inputs.pairs else "")
+        + ".</p></header>",
+        _contents(runs, bool(inputs.conformance), bool(inputs.pairs)),
         _verdict(verdict),
         _figures(figures),
         *(_run(i, run) for i, run in enumerate(runs, 1)),
         _conformance(inputs.conformance),
+        pair_html(inputs.pairs),
         _inputs(inputs, runs),
         "\n</body>\n</html>\n",
     ]

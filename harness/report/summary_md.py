@@ -186,6 +186,21 @@ def _run_line(index: int, run: AnalysedRun) -> str:
     )
 
 
+def _pairs(inputs: Inputs) -> list[str]:
+    """One headline per paired comparison, and its FAIL cases."""
+    from harness.report.pair_section import headline
+
+    lines: list[str] = []
+    for pair in inputs.pairs:
+        lines.append(f"- {md(headline(pair))}")
+        lines += [
+            f"  - FAIL {md(c['key'])}: {md(c.get('detail', ''))}"
+            for c in pair.record.cases
+            if c["verdict"] == "FAIL"
+        ]
+    return lines
+
+
 def render_summary(
     title: str, inputs: Inputs, runs: Sequence[AnalysedRun], verdict: Verdict | None = None
 ) -> str:
@@ -196,6 +211,8 @@ def render_summary(
         lines += ["", "### Conformance", ""]
         for run in inputs.conformance:
             lines += _conformance(run)
+    if inputs.pairs:
+        lines += ["", "### Paired A/B comparisons", "", *_pairs(inputs)]
     if runs:
         lines += ["", "### Performance", "", *_performance(runs)]
         lines += ["", "### Inputs", "", *(_run_line(i, run) for i, run in enumerate(runs, 1))]

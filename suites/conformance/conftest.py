@@ -29,6 +29,7 @@ from harness.conformance.claim_coverage import claim_summary
 from harness.conformance.cost_budget import scenarios_work
 from harness.conformance.properties import PropertyFailure
 from harness.conformance.step_strategies import (
+    far_below_scenarios,
     multi_rank_scenarios,
     production_scenarios,
     scenarios,
@@ -116,6 +117,17 @@ def draw_scenario(
         device=current_device(),
     )
     return data.draw(strategy, label="scenario")
+
+
+def draw_far_below(data: st.DataObject, entry: BackendEntry) -> Scenario:
+    """One rank's step whose rows' logits all lie far below zero (``far_below_scenarios``)."""
+    strategy = far_below_scenarios(
+        entry.capabilities,
+        dp_aware=entry.accepts_dp,
+        budget=profile_for(entry).budget,
+        device=current_device(),
+    )
+    return data.draw(strategy, label="far-below scenario")
 
 
 def draw_production(data: st.DataObject, entry: BackendEntry, regime: str) -> Scenario:

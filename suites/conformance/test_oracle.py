@@ -3,6 +3,10 @@
 The main oracle property runs once per claimed dtype, each with an equal
 share of the profile's examples, so that fp32, fp16 and bf16 are each
 checked as often (hypothesis alone draws one of them in a few percent).
+A quarter as many again go to rows whose logits all lie far below zero,
+under a sliding window where one is claimed: there a finite mask value or
+running-max sentinel outweighs every visible key (vLLM's ``-10000`` window
+mask), which plain draws reach only when a window and such an offset meet.
 """
 
 import math
@@ -22,6 +26,7 @@ from suites.conformance.conftest import (
     check,
     conformance_settings,
     current_device,
+    draw_far_below,
     draw_ranks,
     draw_scenario,
 )
@@ -43,6 +48,17 @@ def test_outputs_match_oracle(backend_entry, dtype) -> None:
         check(check_matches_oracle, backend_entry, scenario)
 
     replayable(outputs_match_oracle)()
+
+
+def test_rows_far_below_zero_match_oracle(backend_entry) -> None:
+    share = max(5, profile_for(backend_entry).settings.max_examples // 4)
+
+    @settings(conformance_settings, max_examples=share)
+    @given(data=st.data())
+    def rows_far_below_zero_match_oracle(data: st.DataObject) -> None:
+        check(check_matches_oracle, backend_entry, draw_far_below(data, backend_entry))
+
+    replayable(rows_far_below_zero_match_oracle)()
 
 
 @conformance_settings

@@ -1,0 +1,146 @@
+"""Where each side's backend comes from: a spec, at this checkout or at a git revision.
+
+A side is a backend spec (a built-in's name, ``package.module:Class`` or
+``path/file.py:Class``) and, optionally, a git revision of this project:
+``revision_checkout`` puts that revision in a temporary worktree (``git
+worktree add --detach``), removed afterwards, and the side's worker loads
+the backend packages and relative file specs from there
+(``harness.ab.worker``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+class SideError(RuntimeError):
+    """A side cannot be set up: the message names the side and why."""
+
+
+@dataclass(frozen=True)
+class SideSpec:
+    """One side of a comparison: what to load and from which revision."""
+
+    label: str  # "base" or "candidate"
+    backend: str
+    revision: str | None = None  # a git revision of the project; None: this checkout
+    commit: str | None = None  # the revision's full hash, once resolved
+
+    def describe(self) -> str:
+        at = f" at {self.revision} ({self.commit[:10]})" if self.revision and self.commit else ""
+        return f"{self.backend}{at}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"backend": self.backend, "revision": self.revision, "commit": self.commit}
+
+
+def _git(*args: str, cwd: Path = PROJECT_ROOT) -> str:
+    try:
+        done = subprocess.run(
+            ["git", *args], cwd=cwd, capture_output=True, text=True, check=False, timeout=120
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SideError(f"git {' '.join(args)}: {exc}") from exc
+    if done.returncode != 0:
+        raise SideError(f"git {' '.join(args)}: {done.stderr.strip() or 'failed'}")
+    return done.stdout.strip()
+
+
+def resolve_revision(revision: str) -> str:
+    """The full commit hash of ``revision`` in this project's repository."""
+    return _git("rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}")
+
+
+def head_commit() -> str | None:
+    """This checkout's commit (None outside a git repository): recorded with the results."""
+    try:
+        return _git("rev-parse", "HEAD")
+    except SideError:
+        return None
+
+
+@contextmanager
+def revision_checkout(commit: str) -> Iterator[Path]:
+    """A temporary worktree of ``commit``, removed (with its git bookkeeping) afterwards."""
+    with tempfile.TemporaryDirectory(prefix="attn-harness-ab-") as tmp:
+        path = Path(tmp) / "checkout"
+        _git("worktree", "add", "--detach", "--quiet", str(path), commit)
+        try:
+            yield path
+        finally:
+            try:
+                _git("worktree", "remove", "--force", str(path))
+            except SideError:
+                _git("worktree", "prune")
+
+
+class SideProcess:
+    """A running ``harness.ab.worker`` for one side: requests in, replies out, one at a time."""
+
+    def __init__(
+        self, side: SideSpec, *, root: Path | None, device: str, threads: int | None
+    ) -> None:
+        command = [sys.executable, "-m", "harness.ab.worker", "--backend", side.backend]
+        command += ["--device", device]
+        if root is not None:
+            command += ["--root", str(root)]
+        if threads is not None:
+            command += ["--threads", str(threads)]
+        self.side = side
+        self.process = subprocess.Popen(
+            command,
+            cwd=PROJECT_ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None,  # the backend's own output, as a bench run shows it
+            text=True,
+        )
+        hello = self._read()
+        if "error" in hello:
+            self.close()
+            raise SideError(f"{side.label} ({side.describe()}): {hello['error']}")
+        self.backend_class: str = hello.get("backend_class", "")
+        self.source: str | None = hello.get("source")
+
+    def _read(self) -> dict[str, Any]:
+        stdout: IO[str] | None = self.process.stdout
+        line = stdout.readline() if stdout is not None else ""
+        if not line:
+            code = self.process.wait()
+            raise SideError(f"{self.side.label}'s worker process ended (exit status {code})")
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def request(self, op: str, **fields: Any) -> dict[str, Any]:
+        stdin = self.process.stdin
+        if stdin is None:
+            raise SideError(f"{self.side.label}'s worker is closed")
+        try:
+            stdin.write(json.dumps({"op": op, **fields}) + "\n")
+            stdin.flush()
+        except BrokenPipeError as exc:
+            raise SideError(f"{self.side.label}'s worker process ended") from exc
+        reply = self._read()
+        if op != "prepare" and "error" in reply:
+            raise SideError(f"{self.side.label} ({self.side.describe()}): {reply['error']}")
+        return reply
+
+    def close(self) -> None:
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            with suppress(BrokenPipeError):
+                self.process.stdin.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()

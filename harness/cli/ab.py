@@ -1,0 +1,281 @@
+"""``attn-harness ab``: two revisions of a backend timed in paired, interleaved rounds.
+
+Both sides run in their own worker process on this machine, one at a time,
+case by case and round by round, the order alternating; each case is
+checked against the float64 oracle on both sides first. The verdict per case
+comes from a sequential test on the paired per-round ratios
+(``harness.ab.sequential``); the output is the gate's table, JUnit file and
+exit codes (0 passed, 1 a case FAILed, 2 bad usage, 130 interrupted), and
+``--out`` writes every round's raw samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from harness.cli.usage import UsageError, workloads, writable
+from harness.core.arg_types import device, output_file, positive_float, positive_int
+from harness.core.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from harness.core.text_table import terminal_width, wrapped
+
+DEFAULT_WORKLOADS = ("decode-sweep", "prefill-sweep", "extend", "mixed", "dp-scaling")
+
+
+def add_ab_command(subparsers: Any) -> None:
+    """Register ``ab`` on the ``attn-harness`` subparsers (imports no torch)."""
+    p = subparsers.add_parser(
+        "ab",
+        help="compare two revisions of a backend in paired, interleaved rounds on this machine",
+        description=(
+            "Time a base and a candidate backend in alternating rounds (each side in its own "
+            "process, each case checked against the float64 oracle on both first) until a "
+            "sequential test decides every case: FAIL (slower by the threshold), IMPROVED, "
+            "PASS (no change past it) or INCONCLUSIVE (undecided after --max-rounds). "
+            "Exit 0: no case FAILed; 1: one did; 2: bad usage; 130: interrupted."
+        ),
+    )
+    p.add_argument("--base", required=True, metavar="SPEC", help="the base side's backend")
+    p.add_argument(
+        "--candidate",
+        metavar="SPEC",
+        help="the candidate side's backend (default: the base's spec, at this checkout)",
+    )
+    p.add_argument(
+        "--base-rev",
+        metavar="REV",
+        help="take the base's backend from this git revision of the project (a temporary "
+        "worktree; e.g. HEAD~1, main, a commit) instead of this checkout",
+    )
+    p.add_argument(
+        "--candidate-rev", metavar="REV", help="the same for the candidate (default: this checkout)"
+    )
+    p.add_argument(
+        "--workload",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=f"workload to compare (repeatable; default: {', '.join(DEFAULT_WORKLOADS)})",
+    )
+    p.add_argument(
+        "--case",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="only the cases whose name contains TEXT (repeatable; default: every case)",
+    )
+    p.add_argument(
+        "--threshold",
+        type=positive_float,
+        default=0.10,
+        help="the slowdown to detect, as a fraction (default: 0.10)",
+    )
+    p.add_argument(
+        "--alpha",
+        type=positive_float,
+        default=0.05,
+        help="chance that unchanged code FAILs any case of the run (default: 0.05)",
+    )
+    p.add_argument(
+        "--beta",
+        type=positive_float,
+        default=0.05,
+        help="chance of missing a slowdown of exactly the threshold, per case (default: 0.05)",
+    )
+    p.add_argument("--min-rounds", type=positive_int, default=6, help="(default: 6)")
+    p.add_argument(
+        "--max-rounds",
+        type=positive_int,
+        default=60,
+        help="rounds after which an open case is INCONCLUSIVE (default: 60)",
+    )
+    p.add_argument(
+        "--samples",
+        type=positive_int,
+        default=5,
+        help="forwards per side per round; the round's time is their median (default: 5)",
+    )
+    p.add_argument(
+        "--time-budget",
+        type=positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="open no round after this long; cases still open are INCONCLUSIVE (default: none)",
+    )
+    p.add_argument("--device", type=device, default="cpu", metavar="{cpu,cuda}")
+    p.add_argument("--size", choices=("cpu", "gpu"), default=None)
+    p.add_argument("--threads", type=positive_int, default=None, metavar="N")
+    p.add_argument(
+        "--warm-cache",
+        action="store_true",
+        help="do not flush the last-level cache before each forward (default: flush, as bench)",
+    )
+    p.add_argument("--out", type=output_file, metavar="FILE", help="write every round here")
+    p.add_argument("--junitxml", type=output_file, metavar="FILE", help="the gate's JUnit file")
+    p.add_argument("-v", "--verbose", action="store_true", help="list every case")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    p.set_defaults(func=cmd_ab)
+
+
+@contextlib.contextmanager
+def _checkouts(revisions: dict[str, str | None]) -> Iterator[dict[str, Path | None]]:
+    """A temporary worktree per side that names a revision (one per distinct commit)."""
+    from harness.ab.sides import revision_checkout
+
+    with contextlib.ExitStack() as stack:
+        made: dict[str, Path] = {}
+        roots: dict[str, Path | None] = {}
+        for label, commit in revisions.items():
+            if commit is None:
+                roots[label] = None
+                continue
+            if commit not in made:
+                made[commit] = stack.enter_context(revision_checkout(commit))
+            roots[label] = made[commit]
+        yield roots
+
+
+def _plan(args: argparse.Namespace) -> Any:
+    from harness.ab.rounds import PairConfig
+    from harness.ab.sequential import SequentialPlan
+
+    try:
+        plan = SequentialPlan(
+            threshold=args.threshold,
+            alpha=args.alpha,
+            beta=args.beta,
+            min_rounds=args.min_rounds,
+            max_rounds=args.max_rounds,
+        )
+        return PairConfig(
+            plan=plan,
+            samples=args.samples,
+            cold_cache=not args.warm_cache,
+            time_budget_s=args.time_budget,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def cmd_ab(args: argparse.Namespace) -> int:
+    from harness.ab.record import make_record
+    from harness.ab.rounds import prepare_cases, run_rounds
+    from harness.ab.sides import SideError, SideProcess, SideSpec, head_commit, resolve_revision
+    from harness.bench.environment import fingerprint
+    from harness.cli.gate import _closing, _printer, _table
+    from harness.gate.junit import write_gate_junit
+    from harness.results.pairs import save_pair
+
+    config = _plan(args)
+    chosen = workloads(args.workload or list(DEFAULT_WORKLOADS))
+    writable(args.out, "--out")
+    writable(args.junitxml, "--junitxml")
+    size = args.size or ("gpu" if args.device.startswith("cuda") else "cpu")
+    specs = {}
+    for label, backend, revision in (
+        ("base", args.base, args.base_rev),
+        ("candidate", args.candidate or args.base, args.candidate_rev),
+    ):
+        try:
+            commit = resolve_revision(revision) if revision else None
+        except SideError as exc:
+            raise UsageError(f"--{label}-rev {revision}: {exc}") from None
+        specs[label] = SideSpec(label, backend, revision, commit)
+    plan = [
+        (w, spec)
+        for w in chosen
+        for spec in w.cases(size)
+        if not args.case or any(text in spec.name for text in args.case)
+    ]
+    if not plan:
+        raise UsageError(f"no case of {', '.join(w.name for w in chosen)} matches --case")
+    width = terminal_width()
+    say = _printer(width)
+    progress = (
+        (lambda line: None)
+        if args.no_progress
+        else (lambda line: print(f"attn-harness ab: {line}", file=sys.stderr, flush=True))
+    )
+    started = time.monotonic()
+    sides: dict[str, SideProcess] = {}
+    try:
+        with _checkouts({k: s.commit for k, s in specs.items()}) as roots:
+            try:
+                for label, spec in specs.items():
+                    sides[label] = SideProcess(
+                        spec, root=roots[label], device=args.device, threads=args.threads
+                    )
+            except SideError as exc:
+                raise UsageError(str(exc)) from None
+            say(
+                f"attn-harness ab: base {specs['base'].describe()} vs candidate "
+                f"{specs['candidate'].describe()}; {len(plan)} cases; threshold "
+                f"{args.threshold:.0%}; rounds of {args.samples} forwards a side, order alternating"
+            )
+            cases = prepare_cases(sides, plan, size, progress)
+            run_rounds(sides, cases, config, progress)
+            described = {
+                label: (specs[label], {"backend_class": side.backend_class, "source": side.source})
+                for label, side in sides.items()
+            }
+    except KeyboardInterrupt:
+        print("attn-harness ab: interrupted; no results written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (SideError, OSError) as exc:
+        print(f"attn-harness ab: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        for side in sides.values():
+            side.close()
+    wall_s = time.monotonic() - started
+    record = make_record(
+        cases=cases,
+        config=config,
+        sides=described,
+        environment=fingerprint(args.device, threads=args.threads),
+        timing={"device": args.device, "size": size, "threads": args.threads},
+        tool={"name": "attn-harness ab", "command": sys.argv, "checkout": head_commit()},
+        wall_s=wall_s,
+    )
+    report = gate_report(record)
+    for line in _table(report, args.verbose, width):
+        print(line)
+    rounds = [c.evidence.rounds for c in cases if c.evidence is not None]
+    if rounds:
+        say(
+            f"rounds per compared case: {min(rounds)} to {max(rounds)} (median "
+            f"{sorted(rounds)[len(rounds) // 2]}); {wall_s:.0f} s in all"
+        )
+    if args.out is not None:
+        save_pair(record, args.out)
+        print("\n".join(wrapped(f"paired results written to {args.out}", width)))
+    if args.junitxml:
+        write_gate_junit(report, args.junitxml)
+    say(_closing(report).replace("attn-harness gate", "attn-harness ab"))
+    return EXIT_FAILED if report.failed else EXIT_OK
+
+
+def gate_report(record: Any) -> Any:
+    """A paired comparison as the gate's report: the gate's table, JUnit file and exit code."""
+    from harness.ab.sequential import SequentialPlan, weigh
+    from harness.gate.compare import Change
+    from harness.gate.verdicts import ORDER, CaseVerdict, GateReport
+    from harness.results.pairs import rounds_log_ratios
+
+    plan = SequentialPlan(**record.plan)
+    compared = max(1, sum(1 for e in record.cases if e.get("rounds")))
+    verdicts = []
+    for entry in record.cases:
+        change = None
+        if entry.get("rounds"):
+            evidence = weigh(rounds_log_ratios(entry), plan, compared)
+            low, high = evidence.interval()
+            change = Change(evidence.ratio, 1.0, evidence.ratio, low, high, 1, 1)
+        verdicts.append(CaseVerdict(entry["key"], entry["verdict"], entry["detail"], change))
+    verdicts.sort(key=lambda v: (ORDER.index(v.verdict), v.key))
+    return GateReport(record.threshold, verdicts, notes=list(record.notes))
