@@ -16,7 +16,19 @@ from harness.results.pairs import load_pair
 ROOT = Path(__file__).resolve().parents[1]
 SLOWED = "suites/mutants/slowdown.py:SlowedSdpa"
 ONE_CASE = ["--workload", "decode-sweep", "--case", "ctx=512"]
-QUICK = ["--min-rounds", "3", "--max-rounds", "6", "--samples", "5", "--no-progress"]
+QUICK = [
+    "--min-rounds",
+    "3",
+    "--max-rounds",
+    "20",
+    "--samples",
+    "5",
+    "--threads",
+    "1",
+    "--no-progress",
+]
+"""One thread a side: the other xdist worker holds the other core, and two threads each
+would make every round a fight for it (rounds then scatter by 3x)."""
 
 pytestmark = pytest.mark.xdist_group("ab")  # both sides time: keep these off each other
 
@@ -113,9 +125,9 @@ def test_the_base_from_a_git_revision_runs_in_a_worktree_that_is_removed(
     [
         (["--base-rev", "no-such-revision-xyz"], "--base-rev no-such-revision-xyz"),
         (["--workload", "no-such-workload"], "no-such-workload"),
-        (["--case", "ctx=999999"], "matches --case"),
-        (["--max-rounds", "3", "--min-rounds", "4"], "min_rounds"),
-        (["--samples", "3"], "samples >= 5"),
+        (["--case", "ctx=999999"], "--case ctx=999999"),
+        (["--max-rounds", "3", "--min-rounds", "4"], "--max-rounds 3: below --min-rounds 4"),
+        (["--samples", "3"], "--samples 3: need at least 5"),
     ],
 )
 def test_bad_usage_is_one_line_and_exit_2(

@@ -54,6 +54,7 @@ PROFILES = ("ci", "thorough", "kill")
 DIST = ("--dp-size", "2", "--backend", "sdpa")
 DIST_BENCH = ("--backend", "sdpa", "--out", "scaling.json")
 GATE = ("--baseline", BASELINE, RESULTS)
+AB = ("--base", "sdpa")
 
 CASES = [
     case("list", "--backend", "nope", also=("reference", "sdpa")),
@@ -90,6 +91,24 @@ CASES = [
     case("gate", "--threshold", "0", *GATE),
     case("gate", "--junitxml", "missing/gate.xml", *GATE),
     case("gate", "--match", "renamed", *GATE),
+    case("ab", "--base", "nope"),
+    case("ab", "--candidate", "nope", *AB),
+    case("ab", "--base-rev", "no-such-revision", *AB),
+    case("ab", "--candidate-rev", "no-such-revision", *AB),
+    case("ab", "--workload", "decode-swep", *AB, also=("decode-sweep",)),
+    case("ab", "--case", "no-such-case", *AB),
+    case("ab", "--threshold", "0", *AB),
+    case("ab", "--alpha", "0.7", *AB),
+    case("ab", "--beta", "-1", *AB),
+    case("ab", "--min-rounds", "2", *AB),
+    case("ab", "--max-rounds", "4", *AB),
+    case("ab", "--samples", "3", *AB),
+    case("ab", "--time-budget", "0", *AB),
+    case("ab", "--device", "tpu", *AB, also=DEVICES),
+    case("ab", "--size", "huge", *AB, also=("cpu", "gpu")),
+    case("ab", "--threads", "0", *AB),
+    case("ab", "--out", "missing/ab.json", *AB),
+    case("ab", "--junitxml", "missing/ab.xml", *AB),
     case("baseline", "RESULTS", "missing.json"),
     case("baseline", "--out", f"{BLOCKER}/baseline.json", RESULTS, RESULTS, RESULTS),
     case("dist", "--dp-size", "0", "--backend", "sdpa"),
@@ -133,6 +152,7 @@ def _cuda_cases() -> list[Case]:
             ("conform", ()),
             ("bench", ()),
             ("run", ()),
+            ("ab", AB),
             ("dist", DIST),
             ("dist-bench", DIST_BENCH),
         ]

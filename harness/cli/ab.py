@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from harness.cli.usage import UsageError, workloads, writable
+from harness.cli.usage import UsageError, resolve_backends, workloads, writable
 from harness.core.arg_types import device, output_file, positive_float, positive_int
 from harness.core.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from harness.core.text_table import terminal_width, wrapped
@@ -140,26 +140,46 @@ def _checkouts(revisions: dict[str, str | None]) -> Iterator[dict[str, Path | No
         yield roots
 
 
+def _checked(args: argparse.Namespace) -> None:
+    """The values the parser's types let through but the plan cannot use, each by its option."""
+    from harness.ab.rounds import MIN_SAMPLES
+
+    for option, value in (("--alpha", args.alpha), ("--beta", args.beta)):
+        if not value < 0.5:
+            raise UsageError(f"{option} {value}: an error rate must lie in (0, 0.5)")
+    if not args.threshold < 10.0:
+        raise UsageError(f"--threshold {args.threshold}: a slowdown fraction must lie in (0, 10)")
+    if args.min_rounds < 3:
+        raise UsageError(
+            f"--min-rounds {args.min_rounds}: need at least 3 (the spread needs rounds to be seen)"
+        )
+    if args.max_rounds < args.min_rounds:
+        raise UsageError(f"--max-rounds {args.max_rounds}: below --min-rounds {args.min_rounds}")
+    if args.samples < MIN_SAMPLES:
+        raise UsageError(
+            f"--samples {args.samples}: need at least {MIN_SAMPLES} (a round's median of fewer "
+            "is one outlier away from wrong)"
+        )
+
+
 def _plan(args: argparse.Namespace) -> Any:
     from harness.ab.rounds import PairConfig
     from harness.ab.sequential import SequentialPlan
 
-    try:
-        plan = SequentialPlan(
-            threshold=args.threshold,
-            alpha=args.alpha,
-            beta=args.beta,
-            min_rounds=args.min_rounds,
-            max_rounds=args.max_rounds,
-        )
-        return PairConfig(
-            plan=plan,
-            samples=args.samples,
-            cold_cache=not args.warm_cache,
-            time_budget_s=args.time_budget,
-        )
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    _checked(args)
+    plan = SequentialPlan(
+        threshold=args.threshold,
+        alpha=args.alpha,
+        beta=args.beta,
+        min_rounds=args.min_rounds,
+        max_rounds=args.max_rounds,
+    )
+    return PairConfig(
+        plan=plan,
+        samples=args.samples,
+        cold_cache=not args.warm_cache,
+        time_budget_s=args.time_budget,
+    )
 
 
 def cmd_ab(args: argparse.Namespace) -> int:
@@ -185,6 +205,8 @@ def cmd_ab(args: argparse.Namespace) -> int:
             commit = resolve_revision(revision) if revision else None
         except SideError as exc:
             raise UsageError(f"--{label}-rev {revision}: {exc}") from None
+        if commit is None:  # this checkout's backend: loadable here, checked before any worker
+            resolve_backends([backend], f"--{label}")
         specs[label] = SideSpec(label, backend, revision, commit)
     plan = [
         (w, spec)
@@ -193,7 +215,10 @@ def cmd_ab(args: argparse.Namespace) -> int:
         if not args.case or any(text in spec.name for text in args.case)
     ]
     if not plan:
-        raise UsageError(f"no case of {', '.join(w.name for w in chosen)} matches --case")
+        raise UsageError(
+            f"--case {' '.join(args.case)}: no case of {', '.join(w.name for w in chosen)} "
+            "has it in its name"
+        )
     width = terminal_width()
     say = _printer(width)
     progress = (
