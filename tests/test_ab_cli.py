@@ -20,7 +20,7 @@ QUICK = [
     "--min-rounds",
     "3",
     "--max-rounds",
-    "20",
+    "40",
     "--samples",
     "5",
     "--threads",
