@@ -27,8 +27,10 @@ from harness.conformance.stateful import RULES, conformance_machine, run_machine
 from harness.conformance.step_strategies import multi_rank_scenarios
 from harness.conformance.strategies import CI_BUDGET
 from harness.core.registry import default_registry
+from harness.core.variants import AttentionVariant
 from harness.numerics.scenario import Scenario
 
+FP8_NAMES = ("fp8_e5m2", "fp8_e4m3")  # recorded in the opposite order to their names
 BASE = Scenario(num_heads=8, num_kv_heads=2, page_size=3, context_lens=(5,), query_lens=(1,))
 
 
@@ -203,6 +205,22 @@ def test_labels_print_in_a_fixed_order_and_stateful_steps_are_not_examples():
     rank_line = next(line for line in log.table("b") if line.strip().startswith("rank"))
     assert rank_line.split()[1:] == ["only", "2", "first", "1", "last", "1"]
     assert log.as_json()["b"]["examples_by_test"] == {"test_steps": 1, "test_x": 2}
+
+
+def test_labels_outside_the_fixed_order_print_by_name_whichever_came_first():
+    """Workers merge in any order; the table and JSON must not show which finished first."""
+    fp8 = tuple(replace(BASE, variant=AttentionVariant(kv_cache_dtype=d)) for d in FP8_NAMES)
+    logs = []
+    for draws in (fp8, fp8[::-1]):
+        log = CoverageLog()
+        for scenario in draws:
+            log.record("b", "test_x", [scenario])
+        logs.append(log)
+    rows = [next(r for r in log.table("b") if r.strip().startswith("kv_cache")) for log in logs]
+    assert rows[0] == rows[1]
+    assert rows[0].split()[1:] == ["fp8_e4m3", "1", "fp8_e5m2", "1"]
+    dims = [list(log.as_json()["b"]["dimensions"]["kv_cache"]) for log in logs]
+    assert dims[0] == dims[1] == ["fp8_e4m3", "fp8_e5m2"]
 
 
 def test_ci_promises_the_field_regimes():

@@ -518,14 +518,19 @@ LABEL_ORDER = (
 
 
 def _ordered(counts: Counter[str]) -> list[tuple[str, int]]:
-    """Numeric labels in numeric order, the others in ``LABEL_ORDER``."""
+    """Numeric labels in numeric order, the others in ``LABEL_ORDER``, then by name.
 
-    def key(item: tuple[str, int]) -> tuple[int, float]:
-        head = item[0].split("-")[0].rstrip("+")
+    Never the order labels were first seen: under several workers that is
+    whichever worker merged first, and the table must not depend on it.
+    """
+
+    def key(item: tuple[str, int]) -> tuple[int, float, str]:
+        label = item[0]
+        head = label.split("-")[0].rstrip("+")
         if head.isdigit():
-            return (0, float(head))
-        known = item[0] in LABEL_ORDER
-        return (1, float(LABEL_ORDER.index(item[0]) if known else len(LABEL_ORDER)))
+            return (0, float(head), label)
+        known = label in LABEL_ORDER
+        return (1, float(LABEL_ORDER.index(label) if known else len(LABEL_ORDER)), label)
 
     return sorted(counts.items(), key=key)
 
