@@ -100,6 +100,9 @@ class ModelSide:
     def request(self, op: str, **fields):
         if op == "drop":
             return {}
+        if op == "load":
+            self.loaded = getattr(self, "loaded", 0) + 1
+            return {"key": "k", "status": "PASSED", "error": None}
         assert op == "time"
         self.timed += 1
         samples = []
@@ -180,6 +183,50 @@ def test_a_side_slowed_alone_for_half_the_rounds_is_not_passed() -> None:
         math.log(1.3 if i % 2 else 1.0) + rng.normal(0, 0.02) for i in range(plan.max_rounds)
     ]
     assert _verdict(np.asarray(log_ratios), plan)[0] in ("FAIL", "INCONCLUSIVE")
+
+
+def _aa_with_process_bias(fresh: bool, seed: int) -> list[PairedCase]:
+    """Unchanged code whose every worker process runs some 8% faster or slower than another
+    for its whole life (one draw per process): the bias measured on the AMD EPYC machine."""
+    rng = np.random.default_rng(seed)
+    machine = Machine(range(0))
+    workload = get_workload("decode-sweep")
+    cases = [
+        PairedCase(workload, spec, base_status="PASSED", candidate_status="PASSED")
+        for spec in workload.cases("cpu")
+    ]
+    started = []
+
+    def start():
+        pair = {
+            label: ModelSide(label, machine, math.exp(rng.normal(0.0, 0.08)), rng)
+            for label in ("base", "candidate")
+        }
+        started.append(pair)
+        return pair
+
+    plan = SequentialPlan(min_rounds=6, max_rounds=60)
+    renew = (start, "cpu") if fresh else None
+    run_rounds(start(), cases, PairConfig(plan=plan), lambda line: None, renew=renew)
+    if fresh:  # a pair per round, and each rebuilt the cases still open
+        assert len(started) == max(len(c.rounds) for c in cases)
+        assert all(side.loaded for pair in started[1:] for side in pair.values())
+    else:
+        assert len(started) == 1
+    return cases
+
+
+def test_a_bias_a_process_keeps_for_life_fails_unchanged_code_unless_rounds_are_fresh() -> None:
+    """Reused workers turn a per-process bias into a "change"; a fresh pair per round turns
+    it into spread, and unchanged code then FAILs no more often than alpha allows."""
+    runs = range(20)
+    reused = sum(
+        any(c.verdict in ("FAIL", "IMPROVED") for c in _aa_with_process_bias(False, s))
+        for s in runs
+    )
+    fresh = sum(any(c.verdict == "FAIL" for c in _aa_with_process_bias(True, s)) for s in runs)
+    assert reused >= 8, reused  # most runs: the two processes differ by more than the noise
+    assert fresh <= 2, fresh  # alpha = 0.05 a run: about 1 in 20
 
 
 def test_the_first_side_alternates_between_rounds_and_cases() -> None:

@@ -5,7 +5,11 @@ sides (each worker builds the same seeded inputs). A case both sides pass
 is open; then, round after round, each open case is timed on one side and
 at once on the other (``samples`` forwards each, after ``warmup``), the
 side that goes first alternating between rounds and between neighbouring
-cases, so drift and a noisy neighbour hit both sides alike. A round's
+cases, so drift and a noisy neighbour hit both sides alike. Every round
+after the first runs in a fresh pair of worker processes (``SidePair``),
+which rebuild the same inputs: a bias that one process carries for its
+whole life (its memory layout, say) then varies from round to round, and
+the test counts it as spread instead of calling it a change. A round's
 unit is ``log(median candidate / median base)``; after each round
 ``harness.ab.sequential`` weighs the case's rounds, and a decided case is
 timed no more. The run ends when every case is decided, or after the plan's
@@ -20,12 +24,11 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from harness.ab.sequential import Evidence, SequentialPlan, weigh
-from harness.ab.sides import SideProcess
 from harness.bench.timing import MIN_SAMPLES
 from harness.bench.workloads import CaseSpec, Workload
 from harness.results.pairs import round_log_ratio
@@ -111,8 +114,18 @@ def status_verdict(case: PairedCase) -> tuple[str, str] | None:
 ProgressFn = Callable[[str], None]
 
 
+class Requester(Protocol):
+    """What the rounds need of a side: ``SideProcess``, or a model of one in the tests."""
+
+    def request(self, op: str, **fields: Any) -> dict[str, Any]: ...
+
+
+Renewal = tuple[Callable[[], Mapping[str, Requester]], str]
+"""How to start a fresh pair of sides, and the size their cases are rebuilt at."""
+
+
 def prepare_cases(
-    sides: dict[str, SideProcess],
+    sides: Mapping[str, Requester],
     plan: Sequence[tuple[Workload, CaseSpec]],
     size: str,
     progress: ProgressFn,
@@ -136,7 +149,7 @@ def prepare_cases(
 
 
 def _time_round(
-    sides: dict[str, SideProcess], case: PairedCase, first: str, config: PairConfig
+    sides: Mapping[str, Requester], case: PairedCase, first: str, config: PairConfig
 ) -> Round:
     order = ("base", "candidate") if first == "base" else ("candidate", "base")
     samples = {}
@@ -152,14 +165,42 @@ def _time_round(
     return Round(first, samples["base"], samples["candidate"])
 
 
+def load_cases(
+    sides: Mapping[str, Requester], cases: Sequence[PairedCase], size: str
+) -> list[PairedCase]:
+    """Rebuild the open cases in fresh workers; the ones a side cannot rebuild get verdicts."""
+    loaded = []
+    for case in cases:
+        for label, side in sides.items():
+            reply = side.request(
+                "load", workload=case.workload.name, case=case.spec.name, size=size
+            )
+            status = reply.get("status", "RUNTIME_ERROR")
+            if status != "PASSED":
+                setattr(case, f"{label}_status", status)
+                case.errors[label] = f"in a fresh process: {reply.get('error') or status}"
+        decided = status_verdict(case)
+        if decided is None:
+            loaded.append(case)
+        else:
+            case.verdict, case.detail = decided
+    return loaded
+
+
 def run_rounds(
-    sides: dict[str, SideProcess],
+    sides: Mapping[str, Requester],
     cases: list[PairedCase],
     config: PairConfig,
     progress: ProgressFn,
     clock: Callable[[], float] = time.monotonic,
+    renew: Renewal | None = None,
 ) -> None:
-    """Time the open cases round by round until each is decided (verdicts set in place)."""
+    """Time the open cases round by round until each is decided (verdicts set in place).
+
+    With ``renew`` (``SidePair.start`` and the cases' size), every round
+    after the first runs in a fresh pair of workers that rebuild the open
+    cases first; without it, every round reuses ``sides``.
+    """
     compared = [c for c in cases if c.compared]
     started = clock()
     for number in range(config.plan.max_rounds):
@@ -168,6 +209,10 @@ def run_rounds(
             break
         if config.time_budget_s is not None and clock() - started > config.time_budget_s:
             break
+        if renew is not None and number > 0:
+            start, size = renew
+            sides = start()
+            load_cases(sides, still_open, size)
         for index, case in enumerate(compared):
             if case.verdict is not None:
                 continue

@@ -84,6 +84,10 @@ def revision_checkout(commit: str) -> Iterator[Path]:
                 _git("worktree", "prune")
 
 
+STATUS_OPS = frozenset({"prepare", "load"})
+"""Requests whose error is a case's status (the reply says it), not a broken worker."""
+
+
 class SideProcess:
     """A running ``harness.ab.worker`` for one side: requests in, replies out, one at a time."""
 
@@ -105,12 +109,18 @@ class SideProcess:
             stderr=None,  # the backend's own output, as a bench run shows it
             text=True,
         )
+        self.backend_class: str = ""
+        self.source: str | None = None
+
+    def handshake(self) -> SideProcess:
+        """Wait for the worker's first line: its backend loaded, or why not."""
         hello = self._read()
         if "error" in hello:
             self.close()
-            raise SideError(f"{side.label} ({side.describe()}): {hello['error']}")
-        self.backend_class: str = hello.get("backend_class", "")
-        self.source: str | None = hello.get("source")
+            raise SideError(f"{self.side.label} ({self.side.describe()}): {hello['error']}")
+        self.backend_class = hello.get("backend_class", "")
+        self.source = hello.get("source")
+        return self
 
     def _read(self) -> dict[str, Any]:
         stdout: IO[str] | None = self.process.stdout
@@ -131,7 +141,7 @@ class SideProcess:
         except BrokenPipeError as exc:
             raise SideError(f"{self.side.label}'s worker process ended") from exc
         reply = self._read()
-        if op != "prepare" and "error" in reply:
+        if op not in STATUS_OPS and "error" in reply:
             raise SideError(f"{self.side.label} ({self.side.describe()}): {reply['error']}")
         return reply
 
@@ -144,3 +154,45 @@ class SideProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+class SidePair:
+    """Both sides' workers, started together and started afresh on request.
+
+    A process keeps one memory layout, one set of allocator and cache
+    states, one placement of its threads; measured on this machine, that
+    alone made one side of an A/A run 9-14% slower on some cases, for the
+    whole run. ``attn-harness ab`` therefore times every round in a fresh
+    pair (``harness.ab.rounds``), so such a bias varies from round to
+    round, where the test sees it as spread, instead of passing for a change.
+    """
+
+    def __init__(
+        self,
+        specs: dict[str, SideSpec],
+        roots: dict[str, Path | None],
+        *,
+        device: str,
+        threads: int | None,
+    ) -> None:
+        self.specs, self.roots, self.device, self.threads = specs, roots, device, threads
+        self.sides: dict[str, SideProcess] = {}
+        self.started = 0  # pairs started so far
+
+    def start(self) -> dict[str, SideProcess]:
+        """Close the running pair, if any, and start a new one (both workers load at once)."""
+        self.close()
+        spawned: dict[str, SideProcess] = {}
+        self.sides = spawned  # closed by close() even if a handshake below fails
+        for label, spec in self.specs.items():
+            root = self.roots[label]
+            spawned[label] = SideProcess(spec, root=root, device=self.device, threads=self.threads)
+        for side in spawned.values():
+            side.handshake()
+        self.started += 1
+        return spawned
+
+    def close(self) -> None:
+        for side in self.sides.values():
+            side.close()
+        self.sides = {}

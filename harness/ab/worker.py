@@ -17,6 +17,10 @@ stderr, so they cannot break the protocol. Requests:
   the case's inputs (seeded: both sides build the same ones), check the
   backend against the float64 oracle; reply with the status (only a
   ``PASSED`` case can be timed);
+- ``{"op": "load", "workload": NAME, "case": CASE, "size": SIZE}``: the
+  same inputs and a timing instance, without the oracle check (a fresh
+  process for a round of a case ``prepare`` already passed); reply
+  ``{"key": KEY}``, or the status and error when it cannot;
 - ``{"op": "time", "key": KEY, "samples": K, "warmup": W, "cold_cache": B}``:
   K timed forwards after W warm-up ones; reply with the raw samples (ns);
 - ``{"op": "drop", "key": KEY}``: free a case;
@@ -70,8 +74,13 @@ class Side:
             source = None
         return {"backend_class": class_label(self.entry.cls), "source": source}
 
-    def prepare(self, workload: str, case: str, size: str) -> dict[str, Any]:
-        from harness.bench.case_check import check_backend, describe, prepare_case
+    def prepare(self, workload: str, case: str, size: str, check: bool = True) -> dict[str, Any]:
+        from harness.bench.case_check import (
+            check_backend,
+            describe,
+            prepare_case,
+            timing_instance,
+        )
         from harness.bench.workloads import get_workload
 
         found = get_workload(workload)
@@ -82,7 +91,7 @@ class Side:
             prepared = prepare_case(found, specs[case], self.device)
         except Exception as exc:  # e.g. out of memory
             return {"status": "RUNTIME_ERROR", "error": f"building the inputs: {describe(exc)}"}
-        checked = check_backend(self.entry, prepared)
+        checked = (check_backend if check else timing_instance)(self.entry, prepared)
         key = f"{found.key}/{case}"
         if checked.timed is not None:
             self.cases[key] = (prepared, checked.forward_fn(prepared))
@@ -119,6 +128,8 @@ def serve(side: Side, requests: IO[str], replies: IO[str]) -> None:
                 reply = side.describe()
             elif op == "prepare":
                 reply = side.prepare(**request)
+            elif op == "load":
+                reply = side.prepare(**request, check=False)
             elif op == "time":
                 reply = side.time(**request)
             elif op == "drop":

@@ -259,3 +259,20 @@ def check_backend(
             again.error = f"with validate=False: {again.error}"
             return CheckedBackend(again)
     return CheckedBackend(verdict, timed, graph_mode)
+
+
+def timing_instance(
+    entry: BackendEntry, case: PreparedCase, *, graph_mode: bool = False
+) -> CheckedBackend:
+    """The timing instance alone, run once: for a case these inputs and this code already passed.
+
+    ``attn-harness ab`` checks every case once, then times each round in
+    fresh processes that rebuild the same seeded inputs; checking again
+    there would only repeat the float64 oracle. A failure is still a verdict.
+    """
+    try:
+        timed = build_backend(entry, case.spec, for_timing=True)
+        _run_once(timed, case, graph_mode)
+    except Exception as exc:
+        return CheckedBackend(Verdict(classify(exc), f"timing instance: {describe(exc)}"))
+    return CheckedBackend(Verdict("PASSED"), timed, graph_mode)

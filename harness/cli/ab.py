@@ -185,7 +185,7 @@ def _plan(args: argparse.Namespace) -> Any:
 def cmd_ab(args: argparse.Namespace) -> int:
     from harness.ab.record import make_record
     from harness.ab.rounds import prepare_cases, run_rounds
-    from harness.ab.sides import SideError, SideProcess, SideSpec, head_commit, resolve_revision
+    from harness.ab.sides import SideError, SidePair, SideSpec, head_commit, resolve_revision
     from harness.bench.environment import fingerprint
     from harness.cli.gate import _closing, _printer, _table
     from harness.gate.junit import write_gate_junit
@@ -227,27 +227,26 @@ def cmd_ab(args: argparse.Namespace) -> int:
         else (lambda line: print(f"attn-harness ab: {line}", file=sys.stderr, flush=True))
     )
     started = time.monotonic()
-    sides: dict[str, SideProcess] = {}
+    pair: SidePair | None = None
     try:
         with _checkouts({k: s.commit for k, s in specs.items()}) as roots:
+            pair = SidePair(specs, roots, device=args.device, threads=args.threads)
             try:
-                for label, spec in specs.items():
-                    sides[label] = SideProcess(
-                        spec, root=roots[label], device=args.device, threads=args.threads
-                    )
+                sides = pair.start()
             except SideError as exc:
                 raise UsageError(str(exc)) from None
             say(
                 f"attn-harness ab: base {specs['base'].describe()} vs candidate "
                 f"{specs['candidate'].describe()}; {len(plan)} cases; threshold "
-                f"{args.threshold:.0%}; rounds of {args.samples} forwards a side, order alternating"
+                f"{args.threshold:.0%}; rounds of {args.samples} forwards a side, order "
+                "alternating, each round in fresh processes"
             )
-            cases = prepare_cases(sides, plan, size, progress)
-            run_rounds(sides, cases, config, progress)
             described = {
                 label: (specs[label], {"backend_class": side.backend_class, "source": side.source})
                 for label, side in sides.items()
             }
+            cases = prepare_cases(sides, plan, size, progress)
+            run_rounds(sides, cases, config, progress, renew=(pair.start, size))
     except KeyboardInterrupt:
         print("attn-harness ab: interrupted; no results written", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -255,15 +254,20 @@ def cmd_ab(args: argparse.Namespace) -> int:
         print(f"attn-harness ab: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     finally:
-        for side in sides.values():
-            side.close()
+        if pair is not None:
+            pair.close()
     wall_s = time.monotonic() - started
     record = make_record(
         cases=cases,
         config=config,
         sides=described,
         environment=fingerprint(args.device, threads=args.threads),
-        timing={"device": args.device, "size": size, "threads": args.threads},
+        timing={
+            "device": args.device,
+            "size": size,
+            "threads": args.threads,
+            "processes_per_side": pair.started if pair is not None else 0,
+        },
         tool={"name": "attn-harness ab", "command": sys.argv, "checkout": head_commit()},
         wall_s=wall_s,
     )
