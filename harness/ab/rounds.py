@@ -165,11 +165,8 @@ def _time_round(
     return Round(first, samples["base"], samples["candidate"])
 
 
-def load_cases(
-    sides: Mapping[str, Requester], cases: Sequence[PairedCase], size: str
-) -> list[PairedCase]:
+def load_cases(sides: Mapping[str, Requester], cases: Sequence[PairedCase], size: str) -> None:
     """Rebuild the open cases in fresh workers; the ones a side cannot rebuild get verdicts."""
-    loaded = []
     for case in cases:
         for label, side in sides.items():
             reply = side.request(
@@ -180,11 +177,8 @@ def load_cases(
                 setattr(case, f"{label}_status", status)
                 case.errors[label] = f"in a fresh process: {reply.get('error') or status}"
         decided = status_verdict(case)
-        if decided is None:
-            loaded.append(case)
-        else:
+        if decided is not None:
             case.verdict, case.detail = decided
-    return loaded
 
 
 def run_rounds(

@@ -112,7 +112,7 @@ class SideProcess:
         self.backend_class: str = ""
         self.source: str | None = None
 
-    def handshake(self) -> SideProcess:
+    def handshake(self) -> None:
         """Wait for the worker's first line: its backend loaded, or why not."""
         hello = self._read()
         if "error" in hello:
@@ -120,7 +120,6 @@ class SideProcess:
             raise SideError(f"{self.side.label} ({self.side.describe()}): {hello['error']}")
         self.backend_class = hello.get("backend_class", "")
         self.source = hello.get("source")
-        return self
 
     def _read(self) -> dict[str, Any]:
         stdout: IO[str] | None = self.process.stdout

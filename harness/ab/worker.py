@@ -19,8 +19,8 @@ stderr, so they cannot break the protocol. Requests:
   ``PASSED`` case can be timed);
 - ``{"op": "load", "workload": NAME, "case": CASE, "size": SIZE}``: the
   same inputs and a timing instance, without the oracle check (a fresh
-  process for a round of a case ``prepare`` already passed); reply
-  ``{"key": KEY}``, or the status and error when it cannot;
+  process for a round of a case ``prepare`` already passed); reply as
+  ``prepare`` does (``PASSED``, or the status and error of what failed);
 - ``{"op": "time", "key": KEY, "samples": K, "warmup": W, "cold_cache": B}``:
   K timed forwards after W warm-up ones; reply with the raw samples (ns);
 - ``{"op": "drop", "key": KEY}``: free a case;
