@@ -26,7 +26,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from harness.ab.sequential import Evidence, SequentialPlan, weigh
 from harness.bench.timing import MIN_SAMPLES
@@ -120,6 +120,32 @@ class Requester(Protocol):
     def request(self, op: str, **fields: Any) -> dict[str, Any]: ...
 
 
+@runtime_checkable
+class Pipelined(Protocol):
+    """A side that can take a request and reply later (``SideProcess``)."""
+
+    def send(self, op: str, **fields: Any) -> None: ...
+
+    def receive(self, op: str) -> dict[str, Any]: ...
+
+
+def request_each(sides: Mapping[str, Requester], op: str, **fields: Any) -> dict[str, dict]:
+    """The same request to every side, answered by all at once where they can.
+
+    Building and checking a case takes both workers as long as it takes one
+    when each has a core: the oracle check and the fresh pair's rebuilding
+    were half of an ``ab`` run's time done one side after the other. Never
+    used for timing, where the sides must take turns.
+    """
+    pipelined = {label: side for label, side in sides.items() if isinstance(side, Pipelined)}
+    for side in pipelined.values():
+        side.send(op, **fields)
+    return {
+        label: pipelined[label].receive(op) if label in pipelined else side.request(op, **fields)
+        for label, side in sides.items()
+    }
+
+
 Renewal = tuple[Callable[[], Mapping[str, Requester]], str]
 """How to start a fresh pair of sides, and the size their cases are rebuilt at."""
 
@@ -134,8 +160,8 @@ def prepare_cases(
     cases = []
     for workload, spec in plan:
         case = PairedCase(workload, spec)
-        for label, side in sides.items():
-            reply = side.request("prepare", workload=workload.name, case=spec.name, size=size)
+        replies = request_each(sides, "prepare", workload=workload.name, case=spec.name, size=size)
+        for label, reply in replies.items():
             status = reply.get("status", "RUNTIME_ERROR")
             setattr(case, f"{label}_status", status)
             if reply.get("error"):
@@ -168,10 +194,10 @@ def _time_round(
 def load_cases(sides: Mapping[str, Requester], cases: Sequence[PairedCase], size: str) -> None:
     """Rebuild the open cases in fresh workers; the ones a side cannot rebuild get verdicts."""
     for case in cases:
-        for label, side in sides.items():
-            reply = side.request(
-                "load", workload=case.workload.name, case=case.spec.name, size=size
-            )
+        replies = request_each(
+            sides, "load", workload=case.workload.name, case=case.spec.name, size=size
+        )
+        for label, reply in replies.items():
             status = reply.get("status", "RUNTIME_ERROR")
             if status != "PASSED":
                 setattr(case, f"{label}_status", status)

@@ -44,7 +44,8 @@ class SideSpec:
         return {"backend": self.backend, "revision": self.revision, "commit": self.commit}
 
 
-def _git(*args: str, cwd: Path = PROJECT_ROOT) -> str:
+def run_git(*args: str, cwd: Path = PROJECT_ROOT) -> str:
+    """`git ARGS` in `cwd`, its output stripped; a failure is a `SideError` naming the command."""
     try:
         done = subprocess.run(
             ["git", *args], cwd=cwd, capture_output=True, text=True, check=False, timeout=120
@@ -58,13 +59,13 @@ def _git(*args: str, cwd: Path = PROJECT_ROOT) -> str:
 
 def resolve_revision(revision: str) -> str:
     """The full commit hash of ``revision`` in this project's repository."""
-    return _git("rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}")
+    return run_git("rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}")
 
 
 def head_commit() -> str | None:
     """This checkout's commit (None outside a git repository): recorded with the results."""
     try:
-        return _git("rev-parse", "HEAD")
+        return run_git("rev-parse", "HEAD")
     except SideError:
         return None
 
@@ -74,14 +75,14 @@ def revision_checkout(commit: str) -> Iterator[Path]:
     """A temporary worktree of ``commit``, removed (with its git bookkeeping) afterwards."""
     with tempfile.TemporaryDirectory(prefix="attn-harness-ab-") as tmp:
         path = Path(tmp) / "checkout"
-        _git("worktree", "add", "--detach", "--quiet", str(path), commit)
+        run_git("worktree", "add", "--detach", "--quiet", str(path), commit)
         try:
             yield path
         finally:
             try:
-                _git("worktree", "remove", "--force", str(path))
+                run_git("worktree", "remove", "--force", str(path))
             except SideError:
-                _git("worktree", "prune")
+                run_git("worktree", "prune")
 
 
 STATUS_OPS = frozenset({"prepare", "load"})
@@ -131,6 +132,11 @@ class SideProcess:
         return reply
 
     def request(self, op: str, **fields: Any) -> dict[str, Any]:
+        self.send(op, **fields)
+        return self.receive(op)
+
+    def send(self, op: str, **fields: Any) -> None:
+        """Send a request without waiting: the worker starts on it while the caller goes on."""
         stdin = self.process.stdin
         if stdin is None:
             raise SideError(f"{self.side.label}'s worker is closed")
@@ -139,6 +145,9 @@ class SideProcess:
             stdin.flush()
         except BrokenPipeError as exc:
             raise SideError(f"{self.side.label}'s worker process ended") from exc
+
+    def receive(self, op: str) -> dict[str, Any]:
+        """The reply to the request ``op`` sent last (an error of a non-status op raises)."""
         reply = self._read()
         if op not in STATUS_OPS and "error" in reply:
             raise SideError(f"{self.side.label} ({self.side.describe()}): {reply['error']}")
