@@ -25,6 +25,11 @@ CANDIDATE_RUNS = 2  # benchmark runs the gate pools on the candidate side
 # The gate's threshold in CI: a case fails only when its whole interval lies beyond it
 # (see the gate session for how 0.50 was chosen on this shared 2-core machine).
 CI_THRESHOLD = "0.50"
+AB_THRESHOLD = "0.10"
+"""The paired gate's threshold: base and candidate timed in alternating rounds on one
+machine (``attn-harness ab``) see a 10% slowdown that the committed baseline cannot."""
+AB_TIME_BUDGET_S = "300"  # a backend's paired run opens no round after this (open cases:
+# INCONCLUSIVE, which does not fail)
 
 
 @nox.session
@@ -165,6 +170,44 @@ def _gate(session: nox.Session, *extra: str) -> None:
 
 
 @nox.session
+def ab(session: nox.Session) -> None:
+    """The paired gate: each built-in whose own files changed since the revision this
+    checkout is based on (its merge-base with main, or ``HEAD~1`` on main), timed against
+    that revision in alternating rounds at a 10% threshold (``attn-harness ab``).
+
+    Changes to the kit (``harness/``) reach both sides alike and are not compared;
+    a backend none of whose files differ is skipped (``python -m harness.ab.changes``
+    says which files). Writes ``reports/run/ab-BACKEND.json`` and ``.xml``. Arguments
+    after ``--`` go to ``harness.ab.changes``: backend names, ``--base REV``, e.g.
+    ``nox -s ab -- --base main compiled``.
+    """
+    session.install(*CONSTRAINTS, "-e", ".[triton]")
+    _paired_gate(session, *(session.posargs or BUILTINS))
+
+
+def _paired_gate(session: nox.Session, *selection: str) -> None:
+    listed = session.run("python", "-m", "harness.ab.changes", *selection, silent=True)
+    lines = [line for line in str(listed).splitlines() if line.split(" ", 1)[0] in _CHANGE_WORDS]
+    for line in lines:
+        session.log(line)
+    base = lines[0].split()[1] if lines and lines[0].startswith("base ") else "none"
+    changed = [line.split()[1].rstrip(":") for line in lines if line.startswith("changed ")]
+    if base == "none" or not changed:
+        session.log("paired gate: no backend's own files changed; nothing to compare")
+        return
+    Path(RUN_DIR).mkdir(parents=True, exist_ok=True)
+    for backend in changed:
+        session.run(
+            "attn-harness", "ab", "--base", backend, "--base-rev", base,
+            "--threshold", AB_THRESHOLD, "--time-budget", AB_TIME_BUDGET_S, "--no-progress",
+            "--out", f"{RUN_DIR}/ab-{backend}.json", "--junitxml", f"{RUN_DIR}/ab-{backend}.xml",
+        )  # fmt: skip
+
+
+_CHANGE_WORDS = ("base", "changed", "unchanged")  # what harness.ab.changes prints
+
+
+@nox.session
 def baseline(session: nox.Session) -> None:
     """A new baseline for this machine's device class: the benchmarks run 3 times, pooled.
 
@@ -226,8 +269,8 @@ def checks(session: nox.Session) -> None:
 
 @nox.session
 def ci(session: nox.Session) -> None:
-    """What CI runs, in order: the tests, the engines' kernels, then the checks."""
-    for name in ("tests", "engines", "checks"):
+    """What CI runs, in order: the tests, the engines' kernels, the paired gate, the checks."""
+    for name in ("tests", "engines", "ab", "checks"):
         session.notify(name)
 
 

@@ -99,16 +99,17 @@ def test_the_base_is_the_parent_on_main_and_the_fork_point_on_a_branch(project: 
     assert base_revision(project) == fork, "a branch is compared with where it left main"
 
 
-def test_the_command_prints_the_base_then_the_changed_built_ins(
+def test_the_command_prints_the_base_then_each_backend_changed_or_not(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert main(["--base", "HEAD", "sdpa", "reference"]) == 0
-    out = capsys.readouterr().out.split()
+    lines = capsys.readouterr().out.splitlines()
     head = subprocess.run(
         ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
     ).stdout.strip()
-    assert out[0] == head
-    assert set(out[1:]) <= {"sdpa", "reference"}  # only an uncommitted edit could list one
+    assert lines[0] == f"base {head}"
+    assert [line.split()[1].rstrip(":") for line in lines[1:]] == ["sdpa", "reference"]
+    assert all(line.split()[0] in ("changed", "unchanged") for line in lines[1:])
 
 
 def test_a_revision_that_does_not_exist_is_refused_by_name(

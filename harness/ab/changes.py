@@ -8,9 +8,10 @@ with ``ast``, not imported), and the data files those modules name (the
 files differ between the base revision and this checkout cannot have become
 slower, and pairing it would only spend minutes and risk a false alarm.
 
-``python -m harness.ab.changes [--base REV] [NAME ...]`` prints the base
-commit on its first line and the changed backends after it, one a line
-(the ``ab`` nox session reads it).
+``python -m harness.ab.changes [--base REV] NAME ...`` prints ``base
+COMMIT`` (or ``base none`` in a repository of one commit), then ``changed
+NAME: FILES`` or ``unchanged NAME`` for each backend (the ``ab`` nox session
+reads it).
 """
 
 from __future__ import annotations
@@ -162,12 +163,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"python -m harness.ab.changes: {exc}", file=sys.stderr)
         return 2
     if base is None:
-        print("none")
+        print("base none: a single commit, nothing to compare with")
         return 0
-    print(base)
-    for name, files in changed_backends(backend_modules(args.names), base).items():
-        print(name)
-        print(f"  {name}: {', '.join(files)}", file=sys.stderr)
+    print(f"base {base}")
+    changed = changed_backends(backend_modules(args.names), base)
+    for name in args.names:
+        if name in changed:
+            print(f"changed {name}: {', '.join(changed[name])}")
+        else:
+            print(f"unchanged {name}")
     return 0
 
 

@@ -85,6 +85,31 @@ def revision_checkout(commit: str) -> Iterator[Path]:
                 run_git("worktree", "prune")
 
 
+@dataclass(frozen=True)
+class WorkerSettings:
+    """How every worker process of a comparison runs: the same for both sides.
+
+    ``cpus`` pins each worker to those CPUs while it times (never while it
+    builds a case, so both sides build at once). On this 2-core machine an
+    unpinned worker's rounds of a decode case spread 9-17% between fresh
+    pairs, pinned ones 3-12%: a process the scheduler keeps on the other
+    core meets other neighbours (docs/ab.md).
+    """
+
+    device: str = "cpu"
+    threads: int | None = None  # torch's threads a side; None: torch's default
+    cpus: tuple[int, ...] | None = None  # None: not pinned
+
+    def arguments(self) -> list[str]:
+        """The worker's command-line options for these settings."""
+        args = ["--device", self.device]
+        if self.threads is not None:
+            args += ["--threads", str(self.threads)]
+        if self.cpus is not None:
+            args += ["--cpus", ",".join(map(str, self.cpus))]
+        return args
+
+
 STATUS_OPS = frozenset({"prepare", "load"})
 """Requests whose error is a case's status (the reply says it), not a broken worker."""
 
@@ -92,15 +117,11 @@ STATUS_OPS = frozenset({"prepare", "load"})
 class SideProcess:
     """A running ``harness.ab.worker`` for one side: requests in, replies out, one at a time."""
 
-    def __init__(
-        self, side: SideSpec, *, root: Path | None, device: str, threads: int | None
-    ) -> None:
+    def __init__(self, side: SideSpec, *, root: Path | None, settings: WorkerSettings) -> None:
         command = [sys.executable, "-m", "harness.ab.worker", "--backend", side.backend]
-        command += ["--device", device]
+        command += settings.arguments()
         if root is not None:
             command += ["--root", str(root)]
-        if threads is not None:
-            command += ["--threads", str(threads)]
         self.side = side
         self.process = subprocess.Popen(
             command,
@@ -179,11 +200,9 @@ class SidePair:
         self,
         specs: dict[str, SideSpec],
         roots: dict[str, Path | None],
-        *,
-        device: str,
-        threads: int | None,
+        settings: WorkerSettings,
     ) -> None:
-        self.specs, self.roots, self.device, self.threads = specs, roots, device, threads
+        self.specs, self.roots, self.settings = specs, roots, settings
         self.sides: dict[str, SideProcess] = {}
         self.started = 0  # pairs started so far
 
@@ -194,7 +213,7 @@ class SidePair:
         self.sides = spawned  # closed by close() even if a handshake below fails
         for label, spec in self.specs.items():
             root = self.roots[label]
-            spawned[label] = SideProcess(spec, root=root, device=self.device, threads=self.threads)
+            spawned[label] = SideProcess(spec, root=root, settings=self.settings)
         for side in spawned.values():
             side.handshake()
         self.started += 1

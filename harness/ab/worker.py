@@ -1,6 +1,7 @@
 """One side of a paired comparison: a process that checks and times its backend on request.
 
     python -m harness.ab.worker --backend SPEC [--root DIR] [--device cpu] [--threads N]
+        [--cpus 0,1]
 
 Each side runs in its own process so that two revisions of one backend (the
 same module names, different code) never share an interpreter. ``--root``
@@ -37,7 +38,8 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any
 
@@ -54,14 +56,37 @@ def use_root(root: Path) -> None:
     os.chdir(root)  # relative file specs name files of that revision
 
 
+@contextmanager
+def pinned(cpus: set[int] | None) -> Iterator[None]:
+    """Every thread of this process on ``cpus`` alone for the block, then as before.
+
+    Each thread is pinned by its id: the affinity of ``pid 0`` is the calling
+    thread's alone, and torch's intra-op threads already exist.
+    """
+    if cpus is None:
+        yield
+        return
+    threads = [int(tid) for tid in os.listdir("/proc/self/task")]
+    before = {tid: os.sched_getaffinity(tid) for tid in threads}
+    for tid in threads:
+        os.sched_setaffinity(tid, cpus)
+    try:
+        yield
+    finally:
+        for tid, mask in before.items():
+            with suppress(OSError):  # a thread that has ended since
+                os.sched_setaffinity(tid, mask)
+
+
 class Side:
     """The backend of one side and the cases it has prepared."""
 
-    def __init__(self, spec: str, device: str) -> None:
+    def __init__(self, spec: str, device: str, cpus: set[int] | None = None) -> None:
         from harness.core.registry import default_registry
 
         self.entry = default_registry().resolve(spec)
         self.device = device
+        self.cpus = cpus  # pinned to these while timing (None: not pinned)
         self.cases: dict[str, tuple[Any, Callable[[], object]]] = {}
         self._flusher: Callable[[], None] | None = None  # made once: 2x the LLC, 30 ms here
 
@@ -119,7 +144,8 @@ class Side:
             cold_cache=cold_cache,
         )
         flusher = self._flusher if cold_cache else None
-        measured = measure(forward, device=self.device, config=config, flusher=flusher)
+        with pinned(self.cpus):
+            measured = measure(forward, device=self.device, config=config, flusher=flusher)
         return {"samples_ns": list(measured.samples_ns)}
 
     def drop(self, key: str) -> dict[str, Any]:
@@ -157,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--cpus", default=None, help="comma-separated CPUs to time on")
     args = parser.parse_args(argv)
     replies = os.fdopen(os.dup(1), "w")  # the protocol's own copy of stdout
     os.dup2(2, 1)  # anything else printed, by the backend or a library, goes to stderr
@@ -168,7 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.root is not None:
         use_root(args.root.resolve())
     try:
-        side = Side(args.backend, args.device)
+        cpus = {int(cpu) for cpu in args.cpus.split(",")} if args.cpus else None
+        side = Side(args.backend, args.device, cpus)
     except Exception as exc:  # a spec that does not load: the first reply says why
         replies.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
         replies.flush()

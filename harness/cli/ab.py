@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.cli.usage import UsageError, resolve_backends, workloads, writable
-from harness.core.arg_types import device, output_file, positive_float, positive_int
+from harness.core.arg_types import cpu_list, device, output_file, positive_float, positive_int
 from harness.core.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from harness.core.text_table import terminal_width, wrapped
 
@@ -109,7 +110,21 @@ def add_ab_command(subparsers: Any) -> None:
     )
     p.add_argument("--device", type=device, default="cpu", metavar="{cpu,cuda}")
     p.add_argument("--size", choices=("cpu", "gpu"), default=None)
-    p.add_argument("--threads", type=positive_int, default=None, metavar="N")
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="torch's threads a side (default: 1 on the CPU, torch's own with cuda)",
+    )
+    p.add_argument(
+        "--cpus",
+        type=cpu_list,
+        default=None,
+        metavar="LIST",
+        help="the CPUs both sides time on, pinned while timing (e.g. 1 or 0-3; default on "
+        "the CPU: the last --threads usable CPUs; 'none': not pinned)",
+    )
     p.add_argument(
         "--warm-cache",
         action="store_true",
@@ -182,6 +197,34 @@ def _plan(args: argparse.Namespace) -> Any:
     )
 
 
+def worker_settings(args: argparse.Namespace) -> Any:
+    """Threads and pinning for both sides: on the CPU one thread on the last usable CPU
+    unless told otherwise (pinned, a decode case's rounds spread half as much here)."""
+    from harness.ab.sides import WorkerSettings
+
+    on_cpu = not args.device.startswith("cuda")
+    threads = args.threads if args.threads is not None else (1 if on_cpu else None)
+    usable = sorted(os.sched_getaffinity(0))
+    cpus = args.cpus
+    if cpus is None and on_cpu:
+        cpus = tuple(usable[-(threads or 1) :])
+    if cpus == ():  # --cpus none
+        cpus = None
+    if cpus is not None:
+        outside = sorted(set(cpus) - set(usable))
+        if outside:
+            raise UsageError(
+                f"--cpus {','.join(map(str, cpus))}: CPU {outside[0]} is not one this process "
+                f"may use ({','.join(map(str, usable))})"
+            )
+        if threads is not None and threads > len(cpus):
+            raise UsageError(
+                f"--threads {threads} on --cpus {','.join(map(str, cpus))}: more threads than "
+                "CPUs would time the threads' contention"
+            )
+    return WorkerSettings(device=args.device, threads=threads, cpus=cpus)
+
+
 def cmd_ab(args: argparse.Namespace) -> int:
     from harness.ab.record import make_record
     from harness.ab.rounds import prepare_cases, run_rounds
@@ -196,6 +239,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
     writable(args.out, "--out")
     writable(args.junitxml, "--junitxml")
     size = args.size or ("gpu" if args.device.startswith("cuda") else "cpu")
+    settings = worker_settings(args)
     specs = {}
     for label, backend, revision in (
         ("base", args.base, args.base_rev),
@@ -230,7 +274,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
     pair: SidePair | None = None
     try:
         with _checkouts({k: s.commit for k, s in specs.items()}) as roots:
-            pair = SidePair(specs, roots, device=args.device, threads=args.threads)
+            pair = SidePair(specs, roots, settings)
             try:
                 sides = pair.start()
             except SideError as exc:
@@ -261,11 +305,12 @@ def cmd_ab(args: argparse.Namespace) -> int:
         cases=cases,
         config=config,
         sides=described,
-        environment=fingerprint(args.device, threads=args.threads),
+        environment=fingerprint(args.device, threads=settings.threads),
         timing={
             "device": args.device,
             "size": size,
-            "threads": args.threads,
+            "threads": settings.threads,
+            "cpus": list(settings.cpus) if settings.cpus is not None else None,
             "processes_per_side": pair.started if pair is not None else 0,
         },
         tool={"name": "attn-harness ab", "command": sys.argv, "checkout": head_commit()},

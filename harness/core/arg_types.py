@@ -60,6 +60,24 @@ positive_int = at_least(1)
 """An integer ``>= 1``: a count of steps, ranks, sequences, repeats."""
 
 
+def cpu_list(text: str) -> tuple[int, ...]:
+    """CPU numbers as Linux writes them (``1``, ``0-3``, ``0,2-3``); ``none``: the empty tuple."""
+    if text.strip().lower() == "none":
+        return ()
+    cpus: set[int] = set()
+    for part in text.split(","):
+        low, dash, high = part.strip().partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
+            raise argparse.ArgumentTypeError(
+                f"expected CPU numbers such as 1, 0-3 or 0,2-3 (or none), got {text!r}"
+            )
+        first, last = int(low), int(high) if dash else int(low)
+        if last < first:
+            raise argparse.ArgumentTypeError(f"CPU range {part.strip()!r} runs backwards")
+        cpus.update(range(first, last + 1))
+    return tuple(sorted(cpus))
+
+
 def integer(text: str) -> int:
     """Any integer (a seed), with the same message as the others for one that is not."""
     return int(_number(text, int))
