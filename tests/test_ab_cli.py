@@ -25,10 +25,14 @@ QUICK = [
     "5",
     "--threads",
     "1",
+    "--cpus",
+    "none",
     "--no-progress",
 ]
 """One thread a side: the other xdist worker holds the other core, and two threads each
-would make every round a fight for it (rounds then scatter by 3x)."""
+would make every round a fight for it (rounds then scatter by 3x). Not pinned: the
+scheduler keeps the timing side off the core the other worker's test holds (pinning
+is checked on its own below)."""
 
 pytestmark = pytest.mark.xdist_group("ab")  # both sides time: keep these off each other
 
@@ -170,3 +174,45 @@ def test_the_record_is_refused_by_the_benchmark_loader_and_says_what_it_is(
     path.write_text(json.dumps({"schema_version": 1}))
     with pytest.raises(PairRecordError, match="not a paired comparison"):
         load_pair(path)
+
+
+def test_by_default_both_sides_time_on_one_thread_on_the_last_usable_cpu() -> None:
+    import argparse
+    import os
+
+    from harness.cli.ab import worker_settings
+
+    args = argparse.Namespace(device="cpu", threads=None, cpus=None)
+    settings = worker_settings(args)
+    assert settings.threads == 1
+    assert settings.cpus == (max(os.sched_getaffinity(0)),)
+    assert settings.arguments()[-2:] == ["--cpus", str(max(os.sched_getaffinity(0)))]
+    unpinned = worker_settings(argparse.Namespace(device="cpu", threads=None, cpus=()))
+    assert unpinned.cpus is None
+    assert "--cpus" not in unpinned.arguments()
+
+
+def test_a_pinned_block_moves_every_thread_and_puts_them_back() -> None:
+    import os
+    import threading
+
+    from harness.ab.worker import pinned
+
+    def masks() -> dict[int, set[int]]:
+        return {int(t): os.sched_getaffinity(int(t)) for t in os.listdir("/proc/self/task")}
+
+    stop = threading.Event()
+    helper = threading.Thread(target=stop.wait)  # a thread that exists before the block
+    helper.start()
+    try:
+        before = masks()
+        target = {max(os.sched_getaffinity(0))}
+        with pinned(target):
+            inside = masks()
+        after = masks()
+    finally:
+        stop.set()
+        helper.join()
+    assert len(inside) >= 2
+    assert all(mask == target for mask in inside.values())
+    assert after == before

@@ -401,3 +401,53 @@ def test_conformance_spreads_over_workers_in_collection_order(tmp_path, monkeypa
     assert gpu_check.conformance_workers() == gpu_check.GPU_CONFORMANCE_WORKERS
     monkeypatch.setattr("harness.bench.environment.usable_cpus", lambda: 1)
     assert gpu_check.conformance_workers() == 1
+
+
+def test_with_a_pair_revision_each_backend_is_paired_after_the_bench(
+    tmp_path, capsys, monkeypatch
+):
+    """``--pair-rev``: one ``attn-harness ab`` step per backend, last, within its own limit,
+    the total grown by that limit (the other steps keep theirs)."""
+    from harness.gpu.pair_step import PAIR_LAST_ROUND_S, PAIR_LIMIT_S
+
+    started, _ = _simulated_run(monkeypatch, tmp_path, ["--pair-rev", "HEAD~1"], overrun=False)
+    limits = gpu_check.FULL_LIMITS
+    assert [(name, limit) for name, limit, _ in started] == [
+        ("conformance-sdpa", limits.conformance),
+        ("graph-check", limits.graph),
+        ("bench", limits.bench),
+        ("pair-sdpa", PAIR_LIMIT_S),
+    ]
+    assert "pair-sdpa (cpu): stopped at its" in capsys.readouterr().out
+    command = gpu_check.pair_command(tmp_path, "sdpa", "sdpa", "HEAD~1", PAIR_LIMIT_S, "cuda")
+    assert command[command.index("--base-rev") + 1] == "HEAD~1"
+    assert command[command.index("--device") + 1] == "cuda"
+    budget = float(command[command.index("--time-budget") + 1])
+    assert budget == PAIR_LIMIT_S - PAIR_LAST_ROUND_S  # the last round ends inside the limit
+    assert str(tmp_path / "pair-sdpa.json") in command
+
+
+def test_the_summary_says_each_paired_verdict_from_the_document(tmp_path):
+    (tmp_path / "pair-triton.json").write_text(
+        json.dumps(
+            {
+                "wall_s": 61.2,
+                "cases": [
+                    {"key": "decode-sweep@1/ctx=1024", "verdict": "PASS", "detail": "+1%"},
+                    {"key": "decode-sweep@1/ctx=8192", "verdict": "FAIL", "detail": "+14.0%"},
+                ],
+            }
+        )
+    )
+    steps = [
+        StepResult("graph-check", 0, 1.0, 9.0),
+        StepResult("bench", 0, 1.0, 9.0),
+        StepResult("pair-triton", 1, 61.5, 120.0),
+        StepResult("pair-sdpa", None, note="out of time"),
+    ]
+    text = gpu_check.summary(tmp_path, "env", [], [], steps, "ci")
+    assert "pair-triton (cuda): exit 1, 62 s" in text
+    assert "1 FAIL, 1 PASS over 2 cases, 61 s" in text
+    assert "FAIL decode-sweep@1/ctx=8192: +14.0%" in text
+    assert "no pair-sdpa.json; see pair-sdpa.log" in text
+    assert text.splitlines()[-1].startswith("pair-sdpa ")  # the step table is still last

@@ -93,7 +93,7 @@ class WorkerSettings:
     builds a case, so both sides build at once). On this 2-core machine an
     unpinned worker's rounds of a decode case spread 9-17% between fresh
     pairs, pinned ones 3-12%: a process the scheduler keeps on the other
-    core meets other neighbours (docs/ab.md).
+    core meets other neighbours.
     """
 
     device: str = "cpu"

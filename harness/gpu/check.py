@@ -1,6 +1,7 @@
 """The prepared GPU run: environment, conformance, graph-mode check and benchmarks, in one call.
 
     PYTHONPATH=. python3 -m harness.gpu OUT_DIR [--backend NAME ...] [--quick] [--archive F]
+        [--pair-rev REV]
 
 Made for a lent GPU machine (torch 2.11+, triton, nothing installable, the
 project not installed) whose time is short and counted: the whole run stays
@@ -33,7 +34,11 @@ hung or slow step cannot eat the lease. Steps, in order:
    case. Cases of the two workloads alternate and the results file is
    rewritten after each one, so a step cut short keeps every case it
    finished. The bench measures the device ceilings (copy bandwidth, bf16
-   matmul) first and stores them.
+   matmul) first and stores them;
+5. with ``--pair-rev REV`` only: each backend against itself at git
+   revision ``REV`` in alternating rounds (``harness.gpu.pair_step``:
+   ``attn-harness ab`` on the decode sweep, ``pair-NAME``), the run's total
+   budget grown by each step's limit.
 
 Logs, the JUnit reports, the graph check's JSON and the results JSON go to
 ``OUT_DIR`` (made absolute); the summary is printed last, built from
@@ -62,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.gpu.bench_step import bench_command
+from harness.gpu.pair_step import PAIR_LIMIT_S, pair_command, pair_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BACKENDS = ("triton", "sdpa", "flex")
@@ -369,8 +375,11 @@ def summary(
     profile: str,
     device: str = "cuda",
 ) -> str:
-    """The report printed last, read back from the files in ``out``."""
-    graph, bench = steps
+    """The report printed last, read back from the files in ``out``.
+
+    ``steps``: the graph check, the bench, then any paired steps (``pair-LABEL``).
+    """
+    graph, bench, *pairs = steps
     lines = [env_text, *skipped, "", f"conformance ({profile} profile, {device}):"]
     for backend, step in conformance:
         lines.append(f"  {backend}: {_step_line(step)}")
@@ -386,6 +395,9 @@ def summary(
     lines += _graph_lines(out / "graph-check.json")
     bench_file = out / f"bench-{device}.json"
     lines += ["", f"bench ({device}): {_step_line(bench)}", _bench_text(bench_file)]
+    for pair in pairs:
+        lines += ["", f"{pair.name} ({device}): {_step_line(pair)}"]
+        lines += pair_lines(out / f"{pair.name}.json")
     lines += ["", f"{'step':28} {'result':36} log"]
     for step in [s for _, s in conformance] + list(steps):
         lines.append(f"{step.name:28} {_step_line(step):36} {step.name}.log")
@@ -500,15 +512,23 @@ def main(argv: list[str] | None = None) -> int:
         help=f"the total time budget in seconds (default {FULL_TOTAL_S:.0f}, "
         f"--quick {QUICK_TOTAL_S:.0f})",
     )
+    parser.add_argument(
+        "--pair-rev",
+        metavar="REV",
+        help="also time each backend against itself at this git revision (attn-harness ab, "
+        f"the decode sweep; {PAIR_LIMIT_S:.0f} s a backend, added to the budget)",
+    )
     args = parser.parse_args(argv)
     out: Path = args.out.resolve()  # steps run from the checkout, not from here
     out.mkdir(parents=True, exist_ok=True)
+    backends, skipped = available_backends(args.backend or default_backends())
     default_total = QUICK_TOTAL_S if args.quick else FULL_TOTAL_S
+    if args.pair_rev:
+        default_total += PAIR_LIMIT_S * len(backends)
     clock = Clock(args.budget if args.budget is not None else default_total)
     limits = QUICK_LIMITS if args.quick else FULL_LIMITS
     env_text = _environment(out)
     print(env_text, flush=True)
-    backends, skipped = available_backends(args.backend or default_backends())
     for line in skipped:
         print(line, flush=True)
     profile = "kill" if args.quick else "ci"
@@ -551,11 +571,23 @@ def main(argv: list[str] | None = None) -> int:
         limits.bench,
         lambda limit: bench_command(out, backends, workloads, limit, args.device),
     )
+    pairs = [
+        step(
+            f"pair-{file_label(b)}",
+            PAIR_LIMIT_S,
+            lambda limit, b=b: pair_command(
+                out, b, file_label(b), args.pair_rev, limit, args.device
+            ),
+        )
+        for b in (backends if args.pair_rev else [])
+    ]
     print()
-    print(summary(out, env_text, skipped, conformance, [graph, bench], profile, args.device))
+    print(
+        summary(out, env_text, skipped, conformance, [graph, bench, *pairs], profile, args.device)
+    )
     if args.archive is not None:
         print(f"archive: {archive(out, args.archive.resolve())}")
-    steps = [s for _, s in conformance] + [graph, bench]
+    steps = [s for _, s in conformance] + [graph, bench, *pairs]
     return 0 if backends and all(s.rc == 0 for s in steps) else 1
 
 
