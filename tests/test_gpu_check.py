@@ -403,9 +403,7 @@ def test_conformance_spreads_over_workers_in_collection_order(tmp_path, monkeypa
     assert gpu_check.conformance_workers() == 1
 
 
-def test_with_a_pair_revision_each_backend_is_paired_after_the_bench(
-    tmp_path, capsys, monkeypatch
-):
+def test_with_a_pair_revision_each_backend_is_paired_after_the_bench(tmp_path, capsys, monkeypatch):
     """``--pair-rev``: one ``attn-harness ab`` step per backend, last, within its own limit,
     the total grown by that limit (the other steps keep theirs)."""
     from harness.gpu.pair_step import PAIR_LAST_ROUND_S, PAIR_LIMIT_S
