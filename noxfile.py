@@ -28,7 +28,7 @@ CI_THRESHOLD = "0.50"
 AB_THRESHOLD = "0.10"
 """The paired gate's threshold: base and candidate timed in alternating rounds on one
 machine (``attn-harness ab``) see a 10% slowdown that the committed baseline cannot."""
-AB_TIME_BUDGET_S = "300"  # a backend's paired run opens no round after this (open cases:
+AB_TIME_BUDGET_S = "240"  # a backend's paired run opens no round after this (open cases:
 # INCONCLUSIVE, which does not fail)
 
 
