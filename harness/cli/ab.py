@@ -204,6 +204,8 @@ def worker_settings(args: argparse.Namespace) -> Any:
 
     on_cpu = not args.device.startswith("cuda")
     threads = args.threads if args.threads is not None else (1 if on_cpu else None)
+    if not hasattr(os, "sched_getaffinity"):  # not Linux: nothing to pin with
+        return WorkerSettings(device=args.device, threads=threads, cpus=None)
     usable = sorted(os.sched_getaffinity(0))
     cpus = args.cpus
     if cpus is None and on_cpu:
