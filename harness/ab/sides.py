@@ -92,8 +92,8 @@ class WorkerSettings:
     ``cpus`` pins each worker to those CPUs while it times (never while it
     builds a case, so both sides build at once). On this 2-core machine an
     unpinned worker's rounds of a decode case spread 9-17% between fresh
-    pairs, pinned ones 3-12%: a process the scheduler keeps on the other
-    core meets other neighbours.
+    pairs, pinned ones 3-12% (likely because the two cores meet different
+    neighbours, and an unpinned side times on either).
     """
 
     device: str = "cpu"
