@@ -23,7 +23,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from harness.ab.sides import PROJECT_ROOT, SideError, run_git
+from harness.ab.sides import PROJECT_ROOT, SideError, resolve_revision, run_git
 
 KIT_PACKAGE = "harness"  # the same on both sides: never a backend's own file
 
@@ -41,7 +41,7 @@ def base_revision(root: Path = PROJECT_ROOT) -> str | None:
             return fork
         break
     try:
-        return run_git("rev-parse", "--verify", "--quiet", "HEAD~1^{commit}", cwd=root)
+        return resolve_revision("HEAD~1", cwd=root)
     except SideError:
         return None
 
@@ -158,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("names", nargs="+", metavar="NAME", help="built-in backends to look at")
     args = parser.parse_args(argv)
     try:
-        base = resolve(args.base)
+        base = resolve_revision(args.base) if args.base else base_revision()
     except SideError as exc:
         print(f"python -m harness.ab.changes: {exc}", file=sys.stderr)
         return 2
@@ -173,13 +173,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             print(f"unchanged {name}")
     return 0
-
-
-def resolve(revision: str | None) -> str | None:
-    """``revision``'s commit, or the base this checkout is based on when none is given."""
-    if revision is None:
-        return base_revision()
-    return run_git("rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}")
 
 
 if __name__ == "__main__":

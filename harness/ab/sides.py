@@ -57,9 +57,9 @@ def run_git(*args: str, cwd: Path = PROJECT_ROOT) -> str:
     return done.stdout.strip()
 
 
-def resolve_revision(revision: str) -> str:
-    """The full commit hash of ``revision`` in this project's repository."""
-    return run_git("rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}")
+def resolve_revision(revision: str, cwd: Path = PROJECT_ROOT) -> str:
+    """The full commit hash of ``revision`` in the repository at ``cwd`` (this project's)."""
+    return run_git("rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}", cwd=cwd)
 
 
 def head_commit() -> str | None:
