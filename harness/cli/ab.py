@@ -18,12 +18,15 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.cli.usage import UsageError, resolve_backends, workloads, writable
 from harness.core.arg_types import cpu_list, device, output_file, positive_float, positive_int
 from harness.core.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from harness.core.text_table import terminal_width, wrapped
+
+if TYPE_CHECKING:  # the ab package loads only when ab runs
+    from harness.ab.sides import WorkerSettings
 
 DEFAULT_WORKLOADS = ("decode-sweep", "prefill-sweep", "extend", "mixed", "dp-scaling")
 
@@ -197,7 +200,7 @@ def _plan(args: argparse.Namespace) -> Any:
     )
 
 
-def worker_settings(args: argparse.Namespace) -> Any:
+def worker_settings(args: argparse.Namespace) -> WorkerSettings:
     """Threads and pinning for both sides: on the CPU one thread on the last usable CPU
     unless told otherwise (pinned, a decode case's rounds spread half as much here)."""
     from harness.ab.sides import WorkerSettings
