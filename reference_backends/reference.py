@@ -56,9 +56,14 @@ class ReferenceBackend(PagedBackendBase):
             probs = self.softmax(logits)
             if self.variant.sinks is not None:
                 probs = probs[..., :-1]  # the sink's weight has no value to add
-            out[tokens] = (probs @ v).transpose(0, 1).to(query.dtype)
+            out[tokens] = self.weighted_values(probs, v).transpose(0, 1).to(query.dtype)
             lse[tokens] = torch.logsumexp(logits, dim=-1).transpose(0, 1)
         return out, lse
+
+    @staticmethod
+    def weighted_values(probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """``P.V``: ``[H, q, L] @ [H, L, D]`` in fp32, the probabilities already normalised."""
+        return probs @ v
 
     def logits(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """``scale * q.k``, then the soft-cap, then the ALiBi bias: ``[H, q, L]``."""

@@ -33,6 +33,7 @@ from harness.core.contract import Capabilities
 from harness.core.dtypes import dtype_name
 from harness.core.kv_pages import PoolLayout, pages_needed
 from harness.numerics.scenario import Scenario
+from harness.numerics.value_regimes import VALUE_REGIMES
 
 DIMENSIONS = (
     "dtype",
@@ -55,6 +56,7 @@ DIMENSIONS = (
     "cache_layout",
     "tokens",
     "logit_offset",
+    "values",
     "pool",
 )
 
@@ -165,6 +167,7 @@ def labels(s: Scenario) -> dict[str, str]:
         "cache_layout": s.cache_layout,
         "tokens": _bucket(sum(s.query_lens), TOKEN_BUCKETS),
         "logit_offset": _logit_offset(s),
+        "values": s.values,
         "pool": _pool(s),
     }
 
@@ -276,8 +279,8 @@ def requirements(
     size or head dim, each pool layout, each batch kind, DP sizes and
     context buckets up to what the claim and the cost limit allow; steps
     past engines' token budgets as far as the cost limit reaches; logit
-    offsets as far as the dtypes hold; a pool past 2^31 elements where
-    ``large_pool`` says this machine can hold one.
+    offsets as far as the dtypes hold; every real-model value regime; a pool
+    past 2^31 elements where ``large_pool`` says this machine can hold one.
     """
     wanted = [_exactly("dtype", dtype_name(d)) for d in caps.dtypes_on(device)]
     dp_sizes = _reachable_dp_sizes(caps, dp_aware, max_dp_size)
@@ -320,6 +323,7 @@ def requirements(
         wanted.append(
             _exactly("logit_offset", f"{sign}3e4 or past" if far else f"{sign}1e3 to {sign}3e4")
         )
+    wanted += [_exactly("values", regime) for regime in VALUE_REGIMES]
     if large_pool:
         wanted.append(_exactly("pool", "2^31+"))
     longest = _longest_reachable_context(caps, limit)
@@ -509,6 +513,7 @@ LABEL_ORDER = (
     *("shared", "per_rank"),
     *("MHA", "GQA 2-8", "GQA 9+", "MQA", "decode", "prefill", "extend", "mixed", "spec-decode"),
     *("near 0", "-1e3 to -3e4", "-3e4 or past", "+1e3 to +3e4", "+3e4 or past"),
+    *VALUE_REGIMES,
     *("< 2^24", "2^24-2^31", "2^31+"),
     *("causal", "non-causal", "graph-padded", "dense", "strided", "separate K/V"),
     "combined K/V",

@@ -34,6 +34,7 @@ from harness.conformance.strategies import (
 from harness.core.contract import Capabilities
 from harness.core.kv_pages import PoolLayout, dp_page_range, pages_needed
 from harness.numerics.scenario import PLANTED_LOGIT, Scenario, logit_offset_limit, logit_reach
+from harness.numerics.value_regimes import VALUE_REGIMES, regime_magnitude, regime_scale
 
 SINGLE_RANK_ONE_IN = 8  # multi-rank draws that are one rank
 LOGIT_OFFSETS = (-1e5, -6e4, -3.5e4, -1.2e4, -1e3, 1e3, 3.5e4, 1e5)
@@ -43,6 +44,30 @@ domain, a max kept in a narrow type)."""
 OFFSET_ONE_IN = 2  # steps whose rows get logit offsets
 FAR_BELOW = tuple(o for o in LOGIT_OFFSETS if o < -1e4)
 """Offsets past every finite sentinel and finite mask value a kernel uses (-1e4 and lower)."""
+
+
+REAL_VALUES_ONE_IN = 4  # steps drawn in a real-model value regime rather than plain noise
+
+
+def _value_regime(draw: st.DrawFn, caps: Capabilities, base: Scenario) -> Scenario:
+    """``base`` in a real-model value regime one step in ``REAL_VALUES_ONE_IN`` (normal: shrinks).
+
+    A regime sets its own values, so the step's logit offsets go; ``tiny-scale``
+    sets the scale and magnitude too. Where the claim's soft-cap bound has no
+    room for the regime's logits, the step stays normal.
+    """
+    menu = ("normal",) * (len(VALUE_REGIMES) - 1) * (REAL_VALUES_ONE_IN - 1) + VALUE_REGIMES[1:]
+    regime = draw(balanced(menu))
+    if regime == "normal":
+        return base
+    drawn = replace(
+        base,
+        values=regime,
+        logit_offsets=(),
+        magnitude=regime_magnitude(regime, base.magnitude),
+        scale=regime_scale(regime, base.head_dim, base.softmax_scale),
+    )
+    return drawn if logit_reach(drawn) <= soft_cap_room(caps, drawn) else base
 
 
 MIXED_REGIMES = tuple(r for r in REGIMES if r != "token-budget")
@@ -132,7 +157,7 @@ def _step_options(
     if total_pages is None:
         needed = _pages_for(contexts, base.page_size, shared_pages)
         total_pages = _pool_size(draw, needed, dp_size)
-    return replace(
+    drawn = replace(
         base,
         context_lens=contexts,
         query_lens=queries,
@@ -150,6 +175,7 @@ def _step_options(
         logit_offsets=_logit_offsets(draw, base, len(contexts), caps),
         seed=draw(st.integers(0, 2**16)),
     )
+    return _value_regime(draw, caps, drawn)
 
 
 @st.composite
@@ -230,7 +256,7 @@ def far_below_scenarios(
         )
         if caps.allows_variants(_features_on(windowed)):
             scenario = windowed
-    plain = replace(scenario, logit_offsets=())
+    plain = replace(scenario, logit_offsets=(), values="normal")
     room = soft_cap_room(caps, plain) - logit_reach(plain)
     limit = min(logit_offset_limit(plain), room - PLANTED_LOGIT)
     menu = [o for o in FAR_BELOW if -o <= limit]

@@ -40,6 +40,7 @@ DIMENSION_WORDS = {
     "cache_layout": "cache layout",
     "tokens": "new tokens per step",
     "logit_offset": "logit offset",
+    "values": "value regime",
     "pool": "pool elements",
     "sequences": "sequences per step",
     "layers": "layers",

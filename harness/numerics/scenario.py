@@ -30,6 +30,7 @@ from harness.core.variants import PLAIN, AttentionVariant
 from harness.numerics.cache_readback import quantized_write_problem, stored_sequences
 from harness.numerics.oracle import OracleOutput, SequenceKV, references
 from harness.numerics.tolerance import Comparison, compare
+from harness.numerics.value_regimes import RegimeChannels, regime_logit_reach
 
 MAX_ROWS_SHOWN = 8
 """Rows ``Scenario.describe`` writes out; past it, the first four, the last two and a count."""
@@ -66,6 +67,7 @@ class Scenario:
     magnitude: float = 1.0  # scales q and k: large values give large logits
     planted_keys: int = 0  # keys per sequence given a large logit (see plant_positions)
     logit_offsets: tuple[float, ...] = ()  # per sequence: every logit of its rows moved by it
+    values: str = "normal"  # a real-model value regime (``harness.numerics.value_regimes``)
     seed: int = 0
     device: str = "cpu"
     variant: AttentionVariant = PLAIN  # window, soft-cap, sinks, ALiBi, FP8 cache
@@ -109,6 +111,8 @@ class Scenario:
         ]
         if self.shared_prefix:
             extras.append(f"shared_prefix={self.shared_prefix}")
+        if self.values != "normal":
+            extras.append(f"values={self.values}")
         if any(self.logit_offsets):
             extras.append("logit_offsets=" + ",".join(f"{o:g}" for o in self.logit_offsets))
         if self.cache_layout != "NHD":
@@ -204,9 +208,16 @@ def strided_copy(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _random(
-    gen: torch.Generator, shape: tuple[int, ...], scenario: Scenario, magnitude: float = 1.0
+    gen: torch.Generator,
+    shape: tuple[int, ...],
+    scenario: Scenario,
+    magnitude: float = 1.0,
+    regime: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
+    """Normal draws at ``magnitude``, shaped by the value ``regime``, rounded to the dtype."""
     data = torch.randn(shape, generator=gen, dtype=torch.float32) * magnitude
+    if regime is not None:
+        data = regime(data)
     return data.to(device=scenario.device, dtype=scenario.dtype)
 
 
@@ -314,13 +325,15 @@ def make_step_inputs(
     planting = torch.Generator().manual_seed(s.seed + 1)  # draws apart, so seeds keep their data
     inputs = StepInputs(s, step, caches, [], [], [])
     shared_tokens = s.shared_pages * s.page_size
+    regime = RegimeChannels(s.values, s.head_dim, s.seed)
     for cache in caches:
         rows: list[SequenceKV | None] = []
         new_k, new_v = [], []
         directions: list[torch.Tensor | None] = []
         for index, row in enumerate(step.rows):
             shape = (max(row.seq_len, row.query_len), s.num_kv_heads, s.head_dim)
-            k, v = _random(gen, shape, s, s.magnitude), _random(gen, shape, s)
+            k = _random(gen, shape, s, s.magnitude, regime.queries_and_keys)
+            v = _random(gen, shape, s, 1.0, regime.values)
             v = fit_fp8(v, s.variant.v_scale, s.variant)
             if row.seq_id is None:  # padding: inputs that must not be written
                 rows.append(None)
@@ -351,7 +364,9 @@ def make_step_inputs(
             rows.append(SequenceKV(k, v))
             new_k.append(k[cached:])
             new_v.append(v[cached:])
-        query = _random(gen, (step.num_tokens, s.num_heads, s.head_dim), s, s.magnitude)
+        query = _random(
+            gen, (step.num_tokens, s.num_heads, s.head_dim), s, s.magnitude, regime.queries_and_keys
+        )
         start = 0
         for row, direction in zip(step.rows, directions, strict=True):
             if direction is not None:  # every query of the row leans toward the planted keys
@@ -409,12 +424,13 @@ def logit_reach(s: Scenario) -> float:
     """A bound on ``|scale * q.k|`` over ``s``'s inputs: what a claim on the logits compares.
 
     ``|q.k| <= |q| |k|``, each about ``magnitude * sqrt(head_dim)`` for normal
-    draws (1.5x of it for the tails), plus a planted key's lift and the largest
-    logit offset.
+    draws (1.5x of it for the tails), plus a planted key's lift, the largest
+    logit offset and the massive channels of a value regime.
     """
     raw = (1.5 * s.magnitude) ** 2 * s.head_dim * s.softmax_scale
     planted = PLANTED_LOGIT if s.planted_keys else 0.0
-    return raw + planted + max((abs(o) for o in s.logit_offsets), default=0.0)
+    offset = max((abs(o) for o in s.logit_offsets), default=0.0)
+    return raw + planted + offset + regime_logit_reach(s.values, s.softmax_scale)
 
 
 MAX_LOGIT_OFFSET = 1e5

@@ -27,6 +27,7 @@ from attn_harness_pytest import (
 )
 from harness.conformance.claim_coverage import claim_summary
 from harness.conformance.cost_budget import scenarios_work
+from harness.conformance.instances import instance_groups
 from harness.conformance.properties import PropertyFailure
 from harness.conformance.step_strategies import (
     far_below_scenarios,
@@ -149,6 +150,17 @@ def draw_ranks(data: st.DataObject, entry: BackendEntry) -> list[Scenario]:
         device=current_device(),
     )
     return data.draw(strategy, label="ranks")
+
+
+def draw_instances(data: st.DataObject, entry: BackendEntry) -> list[Scenario]:
+    """Two or three configurations of one step, for instances alive together (``instances``)."""
+    strategy = instance_groups(
+        entry.capabilities,
+        dp_aware=entry.accepts_dp,
+        budget=profile_for(entry).budget,
+        device=current_device(),
+    )
+    return data.draw(strategy, label="instances")
 
 
 def require_dp(entry: BackendEntry) -> None:

@@ -390,3 +390,24 @@ from suites.mutants.field import (  # noqa: E402, F401
 )
 
 MUTANTS += FIELD_MUTANTS
+
+from suites.mutants.values import (  # noqa: E402, F401
+    VALUE_MUTANTS,
+    DefaultScalePastOneSplit,
+    RawScoresInStorageDtype,
+    ScoresInStorageDtype,
+    UnnormalizedAccumulatorInStorageDtype,
+)
+
+MUTANTS += VALUE_MUTANTS
+
+from suites.mutants.state import (  # noqa: E402, F401
+    STATE_MUTANTS,
+    KvScalesFromLastPlan,
+    ScalePlannedOncePerStep,
+    SinksPlannedByFirstLayer,
+    SoftCapPlannedOncePerStep,
+    WindowPlannedOncePerStep,
+)
+
+MUTANTS += STATE_MUTANTS

@@ -21,6 +21,7 @@ PROPERTY = "property"
 
 MASK = frozenset({"batch", "query", "mask"})
 DECODE_VARIANT = frozenset({"variant", "batch", "query"})
+VALUES = frozenset({"values", "dtype", "scale", "magnitude"})
 
 EXPECTED: dict[str, frozenset[str]] = {
     # DP partition and ownership
@@ -97,6 +98,17 @@ EXPECTED: dict[str, frozenset[str]] = {
     "SpecVerifyPaddedQStride": frozenset({"batch", "query"}),
     "SpecVerifyRowsAsDecode": frozenset({"batch", "query"}),
     "ScratchWrapsPastTokenBudget": frozenset({"tokens"}),
+    # real-model values
+    "RawScoresInStorageDtype": VALUES,
+    "UnnormalizedAccumulatorInStorageDtype": VALUES,
+    "ScoresInStorageDtype": VALUES | {"logit_offset"},
+    "DefaultScalePastOneSplit": VALUES | {"context"},
+    # state shared by instances
+    "WindowPlannedOncePerStep": frozenset({PROPERTY}),
+    "SoftCapPlannedOncePerStep": frozenset({PROPERTY}),
+    "ScalePlannedOncePerStep": frozenset({PROPERTY}),
+    "SinksPlannedByFirstLayer": frozenset({PROPERTY}),
+    "KvScalesFromLastPlan": frozenset({PROPERTY}),
 }
 
 
