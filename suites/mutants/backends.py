@@ -396,7 +396,7 @@ from suites.mutants.values import (  # noqa: E402, F401
     DefaultScalePastOneSplit,
     RawScoresInStorageDtype,
     ScoresInStorageDtype,
-    UnnormalizedAccumulatorInStorageDtype,
+    AccumulatorInStorageDtype,
 )
 
 MUTANTS += VALUE_MUTANTS

@@ -100,7 +100,7 @@ EXPECTED: dict[str, frozenset[str]] = {
     "ScratchWrapsPastTokenBudget": frozenset({"tokens"}),
     # real-model values
     "RawScoresInStorageDtype": VALUES,
-    "UnnormalizedAccumulatorInStorageDtype": VALUES,
+    "AccumulatorInStorageDtype": VALUES,
     "ScoresInStorageDtype": VALUES | {"logit_offset"},
     "DefaultScalePastOneSplit": VALUES | {"context"},
     # state shared by instances

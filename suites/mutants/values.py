@@ -51,7 +51,7 @@ class RawScoresInStorageDtype(_RoundsToStorage):
         return super().logits(q, k) + rounding * self.scale
 
 
-class UnnormalizedAccumulatorInStorageDtype(_RoundsToStorage):
+class AccumulatorInStorageDtype(_RoundsToStorage):
     """The unnormalised ``sum_j exp(s_j - m) v_j`` is stored in the storage dtype, then divided.
 
     Source: ggml-org/llama.cpp#13975 (Metal flash attention kept its output accumulator in
@@ -108,7 +108,7 @@ class DefaultScalePastOneSplit(ReferenceBackend):
 
 VALUE_MUTANTS: tuple[type, ...] = (
     RawScoresInStorageDtype,
-    UnnormalizedAccumulatorInStorageDtype,
+    AccumulatorInStorageDtype,
     ScoresInStorageDtype,
     DefaultScalePastOneSplit,
 )
