@@ -393,10 +393,10 @@ MUTANTS += FIELD_MUTANTS
 
 from suites.mutants.values import (  # noqa: E402, F401
     VALUE_MUTANTS,
+    AccumulatorInStorageDtype,
     DefaultScalePastOneSplit,
     RawScoresInStorageDtype,
     ScoresInStorageDtype,
-    AccumulatorInStorageDtype,
 )
 
 MUTANTS += VALUE_MUTANTS
