@@ -355,7 +355,12 @@ class CompiledBackend(PagedBackendBase):
     @classmethod
     def capabilities(cls) -> Capabilities:
         """Float32/16/bf16 on the CPU: any page size, head dim, GQA group and DP size."""
-        return Capabilities(dtypes=tuple(_DTYPE_CODES), devices=cls.devices, out_buffer=True)
+        return Capabilities(
+            dtypes=tuple(_DTYPE_CODES),
+            devices=cls.devices,
+            out_buffer=True,
+            padding_rows="zero",  # a step with padded tokens gets a zeroed output
+        )
 
     def bind_kv_caches(self, layer_caches: list[LayerCache]) -> None:
         super().bind_kv_caches(layer_caches)

@@ -65,6 +65,7 @@ nothing is declared unsupported.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import math
 import warnings
@@ -75,7 +76,7 @@ from typing import Any, ClassVar
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from harness.core.contract import LayerCache
+from harness.core.contract import Capabilities, LayerCache
 from harness.core.paged_base import PagedBackendBase, PreparedStep
 from harness.core.validate import CacheGeometry, CheckedMetadata
 
@@ -282,6 +283,11 @@ class FlexBackend(PagedBackendBase):
     per_sequence_rows = False
     compiled_min_head_dim: ClassVar[dict[str, int]] = {"cuda": MIN_COMPILED_HEAD_DIM}
     """Head dims below this are zero-padded when compiled (Triton's ``tl.dot`` needs 16)."""
+
+    @classmethod
+    def capabilities(cls) -> Capabilities:
+        """The base's claim; padding rows come out zero (they see no key, or are zeroed)."""
+        return dataclasses.replace(super().capabilities(), padding_rows="zero")
 
     def __init__(
         self,

@@ -35,6 +35,7 @@ class ReferenceBackend(PagedBackendBase):
             kv_cache_dtypes=tuple(KV_CACHE_DTYPES),
             cache_layouts=CACHE_LAYOUTS,
             lse=True,
+            padding_rows="zero",  # padding rows are never written into the zeroed output
         )
 
     def attend(self, query: torch.Tensor, cache: LayerCache, step: PreparedStep) -> torch.Tensor:

@@ -171,6 +171,7 @@ class SdpaBackend(PagedBackendBase):
             alibi=True,
             kv_cache_dtypes=tuple(KV_CACHE_DTYPES),
             cache_layouts=CACHE_LAYOUTS,
+            padding_rows="zero",  # the output starts zeroed; padding rows join no group
         )
 
     def plan_step(self, checked: CheckedMetadata, geometry: CacheGeometry) -> list[SdpaPlan]:

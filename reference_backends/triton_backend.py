@@ -187,6 +187,7 @@ class TritonBackend(PagedBackendBase):
             alibi=True,
             cache_layouts=CACHE_LAYOUTS,  # the kernels take the cache's strides: HND is a view
             out_buffer=True,
+            padding_rows="zero",  # the output is zeroed unless every token is covered
         )
 
     def bind_kv_caches(self, layer_caches: list[LayerCache]) -> None:

@@ -108,6 +108,7 @@ def assert_matches_oracle(
             raise fail(prop, entry, s, f"layer {layer}: output shape {got} != {expected}")
         if output.dtype != s.dtype:
             raise fail(prop, entry, s, f"layer {layer}: output dtype {output.dtype} != {s.dtype}")
+    _assert_padding_rows(prop, entry, inputs, outputs)
     for layer in range(len(outputs)):
         problem = inputs.write_problem(layer)  # FP8 caches: stored values before the oracle
         if problem is not None:
@@ -118,6 +119,34 @@ def assert_matches_oracle(
                 nonfinite_evidence(inputs, layer, outputs[layer]) if result.nonfinite else None
             )
             raise fail(prop, entry, s, f"layer {layer}: {result.describe(evidence)}")
+
+
+def _assert_padding_rows(
+    prop: str, entry: BackendEntry, inputs: StepInputs, outputs: list[torch.Tensor]
+) -> None:
+    """Graph-mode padding rows hold what the backend's ``padding_rows`` claim promises.
+
+    Unclaimed ("unspecified", the contract's default) they are never read; an
+    engine that feeds them to later layers needs them finite (a NaN there
+    poisons a batch-wide reduction) or zero.
+    """
+    claim = entry.capabilities.padding_rows
+    if claim == "unspecified" or not inputs.scenario.graph_mode:
+        return
+    padding = ~real_rows(inputs)
+    for layer, output in enumerate(outputs):
+        rows = output.detach().cpu()[padding]
+        held = (rows == 0).all() if claim == "zero" else torch.isfinite(rows).all()
+        if not held:
+            what = "non-zero" if claim == "zero" else "non-finite"
+            bad = int((rows != 0).sum() if claim == "zero" else (~torch.isfinite(rows)).sum())
+            raise fail(
+                prop,
+                entry,
+                inputs.scenario,
+                f"layer {layer}: {bad} {what} values in graph-mode padding rows, which the "
+                f"backend claims are {claim} (Capabilities.padding_rows)",
+            )
 
 
 # -- 1. partition: a rank keeps to its pages over many steps --------------------------

@@ -16,6 +16,8 @@ import torch
 DEFAULT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
 VARIANT_FEATURES = ("sliding_window", "soft_cap", "sinks", "alibi", "fp8")
 """The names ``Capabilities.incompatible`` pairs: the variant flags, and an FP8 cache."""
+PADDING_ROWS = ("unspecified", "finite", "zero")
+"""What ``Capabilities.padding_rows`` may promise of graph-mode padding rows' outputs."""
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -143,6 +145,9 @@ class Capabilities:
     min_sliding_window: int = 1  # the smallest window served (some kernels take 0 as "none")
     incompatible: tuple[str, ...] = ()  # variant pairs never combined: ("alibi+sinks",)
     soft_cap_logit_bound: float | None = None  # the soft-cap only while |logit| <= this x cap
+    # What graph-mode padding rows' outputs hold: "unspecified" (the contract's default:
+    # never checked), "finite" (an engine may feed them to later layers) or "zero".
+    padding_rows: str = "unspecified"
 
     def __post_init__(self) -> None:
         for pair in self.incompatible:
@@ -165,6 +170,11 @@ class Capabilities:
                 )
         if self.soft_cap_logit_bound is not None and not self.soft_cap_logit_bound > 0:
             raise ValueError("Capabilities(soft_cap_logit_bound=...) must be > 0")
+        if self.padding_rows not in PADDING_ROWS:
+            raise ValueError(
+                f"Capabilities(padding_rows=...) must be one of {', '.join(PADDING_ROWS)}, "
+                f"got {self.padding_rows!r}"
+            )
 
     def dtypes_on(self, device: str) -> tuple[torch.dtype, ...]:
         """The dtypes claimed on ``device``: ``dtypes``, narrowed by ``dtypes_by_device``."""

@@ -411,3 +411,12 @@ from suites.mutants.state import (  # noqa: E402, F401
 )
 
 MUTANTS += STATE_MUTANTS
+
+from suites.mutants.padding import (  # noqa: E402, F401
+    PADDING_MUTANTS,
+    PaddingRowsLeftStale,
+    PaddingRowsReadPageZero,
+    PaddingRowsZeroOverZero,
+)
+
+MUTANTS += PADDING_MUTANTS
