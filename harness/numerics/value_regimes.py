@@ -17,8 +17,8 @@ precision in bfloat16) while the output stays an ordinary float16 value:
   sees) come from the other channels as usual;
 * ``massive-v``: one or two channels of every value hold ``V_OUTLIER`` (one
   sign per channel): the output there is about ``V_OUTLIER``, while an
-  unnormalised weighted sum whose weights add past ``65504 / V_OUTLIER`` is not
-  a float16 number;
+  unnormalised weighted sum whose weights add past ``65504 / V_OUTLIER`` (two
+  keys of similar logits) is not a float16 number;
 * ``tiny-scale``: q and k of magnitude ``TINY_SCALE_MAGNITUDE`` with a scale
   that brings the logits back to a few units: raw ``q.k`` past float16's range,
   as in models whose scale is far below ``1/sqrt(head_dim)``.
@@ -40,9 +40,10 @@ QK_OUTLIER = 192.0
 """Two channels of this in q and k: a raw ``q.k`` of at least ``2 * 192^2 = 73728`` (float16
 stops at 65504), each factor a float16 number."""
 QK_OUTLIER_CHANNELS = 2
-V_OUTLIER = 16384.0
-"""A value channel of this: an unnormalised sum over keys whose weights add past 4 is past
-float16's range, while the output (a weighted mean) is a float16 number."""
+V_OUTLIER = 57344.0
+"""A value channel of this (exact in float16 and bfloat16, 7/8 of float16's range): the
+output there is a weighted mean of it, while an unnormalised sum whose weights add past
+``65504 / 57344``, about 1.14, is not a float16 number."""
 TINY_SCALE_MAGNITUDE = 128.0
 """q and k drawn at this magnitude: raw ``q.k`` of about ``16384 sqrt(D)``."""
 TINY_SCALE_LOGITS = 2.0

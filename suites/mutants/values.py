@@ -64,6 +64,7 @@ class AccumulatorInStorageDtype(_RoundsToStorage):
 
     def weighted_values(self, probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         peak = probs.amax(dim=-1, keepdim=True)  # exp(s_j - m) is probs / peak
+        peak = torch.where(peak > 0, peak, 1.0)  # a sink took every weight: nothing to add
         accumulated = (probs / peak) @ v
         return accumulated.to(self.storage).float() * peak
 
