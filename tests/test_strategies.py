@@ -37,7 +37,8 @@ def test_draws_stay_inside_a_narrow_claim(s):
     assert not s.graph_mode
     assert s.causal
     assert s.dp_size <= 2
-    assert s.magnitude <= 8.0  # fp16 keeps q.k in range
+    # fp16 keeps the scaled logits in range; only the tiny-scale regime's raw q.k leaves it
+    assert s.magnitude <= 8.0 or s.values == "tiny-scale"
 
 
 @FAST

@@ -340,7 +340,7 @@ def production_geometries(
     """Heads, head dim, page size and dtype of production size, aimed at ``regime``."""
     head_dims = claimed_head_dims(caps, PRODUCTION_HEAD_DIMS, narrow=True)
     models = [m for m in MODEL_GEOMETRIES if m.head_dim in head_dims]
-    kind = draw(st.sampled_from(("model", "wide-group", "mqa", "wide-head")))
+    kind = draw(balanced(("model", "wide-group", "mqa", "wide-head")))
     if regime == "head-geometry" and kind == "model" and models:
         model = draw(st.sampled_from(models))
         heads, kv_heads, head_dim = model.num_heads, model.num_kv_heads, model.head_dim
