@@ -89,8 +89,11 @@ def _attend_tile(
 ):
     """One key tile of the online softmax: the running max, sum and weighted values after it.
 
-    A query row that sees no key of the tile keeps its state; one that has
-    seen none yet gets max 0, so no ``-inf - -inf`` is ever computed.
+    A query row that sees no key of the tile keeps its state, its running max
+    ``-inf`` until it has seen a key: a finite stand-in kept across tiles
+    would outweigh logits far below it and zero the row. Only the exponents
+    subtract a finite max (0 while none is seen), so no ``-inf - -inf`` is
+    ever computed.
     """
     dots = tl.dot(q, tl.trans(k), input_precision=PRECISION)
     if SOFT_CAP:  # noqa: SIM108 (a static branch on a constexpr, as every flag here)
@@ -101,9 +104,9 @@ def _attend_tile(
         logits = logits + bias
     logits = tl.where(keep, logits, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(logits, 1))
-    m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(logits - m_new[:, None])
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(logits - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     p = p.to(v.dtype)
     acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)

@@ -120,6 +120,26 @@ def test_per_rank_pool_with_strided_inputs(combined_kv):
     assert_matches_oracle(scenario)
 
 
+def test_rows_far_below_zero_after_a_tile_they_cannot_see():
+    """A prefill row whose first key tiles lie outside its window, logits all near -6e4:
+    its running max stays -inf over those tiles (a finite stand-in zeroed such rows)."""
+    assert_matches_oracle(
+        Scenario(
+            num_heads=1,
+            num_kv_heads=1,
+            head_dim=64,
+            page_size=1,
+            total_pages=300,
+            num_layers=1,
+            context_lens=(257,),
+            query_lens=(257,),
+            logit_offsets=(-6e4,),
+            variant=AttentionVariant(sliding_window=3),
+            seed=11,
+        )
+    )
+
+
 def test_graph_mode_padding_rows_are_not_scheduled():
     scenario = Scenario(
         context_lens=(9, 4),
