@@ -340,34 +340,78 @@ def multi_rank_scenarios(
     """One step for every rank of one DP group, sharing geometry and pool size.
 
     About one draw in eight is a single rank (where shrinking lands); the
-    rest are real groups of two or more.
+    rest are real groups of two or more. As for one rank's steps, one group in
+    ``budget.production_rate`` is of production size: every rank's batch is
+    drawn for one regime (``MIXED_REGIMES``) within its share of the cost
+    limit. A graph-mode group pads every rank to one batch size, as DP
+    attention pads each rank to the group's largest batch.
     """
     groups = dp_aware and _max_dp(caps, budget, dp_aware, 1) >= 2
     single = draw(balanced((True, *[False] * (SINGLE_RANK_ONE_IN - 1))))
     min_dp_size = 1 if single or not groups else 2
+    rate = budget.production_rate
+    if rate and draw(st.integers(0, rate - 1)) == rate - 1:
+        regime = draw(st.sampled_from(MIXED_REGIMES))
+        return draw(_production_group(caps, regime, dp_aware, budget, min_dp_size, device))
     first = draw(
         scenarios(caps, dp_aware=dp_aware, budget=budget, min_dp_size=min_dp_size, device=device)
     )
-    dp_size = first.dp_size
-    ranks = []
-    needed = 0
-    for rank in range(dp_size):
-        contexts, queries = draw(
-            batches(first.page_size, replace(budget, max_seqs=3), caps.max_seq_len)
+    rows = [
+        draw(batches(first.page_size, replace(budget, max_seqs=3), caps.max_seq_len))
+        for _ in range(first.dp_size)
+    ]
+    needed = max(_pages_for(contexts, first.page_size) for contexts, _ in rows)
+    total = _pool_size(draw, needed, first.dp_size)
+    return _group(first, rows, total)
+
+
+def _group(
+    first: Scenario, rows: list[tuple[tuple[int, ...], tuple[int, ...]]], total: int
+) -> list[Scenario]:
+    """Every rank of ``first``'s group with its own ``rows``, on a pool of ``total`` pages."""
+    widest = max(len(contexts) for contexts, _ in rows)
+    pad_to = None if first.pad_to is None else widest + first.pad_to - len(first.context_lens)
+    ranks = [
+        replace(
+            first,
+            dp_rank=rank,
+            context_lens=contexts,
+            query_lens=queries,
+            shared_prefix=0,
+            pad_to=pad_to,
+            total_pages=total,
+            seed=first.seed + rank,
         )
-        needed = max(needed, _pages_for(contexts, first.page_size))
-        ranks.append(
-            replace(
-                first,
-                dp_rank=rank,
-                context_lens=contexts,
-                query_lens=queries,
-                shared_prefix=0,
-                pad_to=None,
-                seed=first.seed + rank,
-            )
-        )
-    total = _pool_size(draw, needed, dp_size)
-    ranks = [replace(s, total_pages=total) for s in ranks]
-    assert all(len(dp_page_range(total, dp_size, s.dp_rank)) >= needed for s in ranks)
+        for rank, (contexts, queries) in enumerate(rows)
+    ]
+    needed = max(_pages_for(s.context_lens, s.page_size) for s in ranks)
+    assert all(len(dp_page_range(total, s.dp_size, s.dp_rank)) >= needed for s in ranks)
     return ranks
+
+
+@st.composite
+def _production_group(
+    draw: st.DrawFn,
+    caps: Capabilities,
+    regime: str,
+    dp_aware: bool,
+    budget: Budget,
+    min_dp_size: int,
+    device: str,
+) -> list[Scenario]:
+    """A DP group whose every rank's batch is of production size for ``regime``."""
+    first = draw(
+        production_scenarios(
+            caps, regime, dp_aware=dp_aware, budget=budget, min_dp_size=min_dp_size, device=device
+        )
+    )
+    limit = budget.production
+    share = CostLimit(limit.cache_elements // first.dp_size, limit.work // first.dp_size)
+    rows = [(first.context_lens, first.query_lens)] if first.dp_size == 1 else []
+    while len(rows) < first.dp_size:
+        rows.append(draw(production_batches(regime, first, share, caps.max_seq_len)))
+    needed = max(_pages_for(contexts, first.page_size) for contexts, _ in rows)
+    total = _pool_size(draw, needed, first.dp_size)
+    slots = first.page_size * first.num_kv_heads * first.head_dim
+    layout = PoolLayout.PER_RANK if total * slots > limit.cache_elements else first.layout
+    return [replace(s, layout=layout) for s in _group(first, rows, total)]
