@@ -22,6 +22,15 @@ from typing import Any
 
 import torch
 
+from harness.conformance.buckets import (
+    CONTEXT_BUCKETS,
+    DP_BUCKETS,
+    QUERY_BUCKETS,
+    TOKEN_BUCKETS,
+    bucket,
+    bucket_name,
+    heads_label,
+)
 from harness.conformance.production_shapes import LARGE_DP_SIZES, CostLimit
 from harness.conformance.strategies import (
     HEAD_DIMS,
@@ -60,27 +69,9 @@ DIMENSIONS = (
     "pool",
 )
 
-DP_BUCKETS = ((1, 1), (2, 2), (3, 8), (9, 16), (17, 64))
-CONTEXT_BUCKETS = ((1, 64), (65, 256), (257, 1024), (1025, 4096), (4097, 32768), (32769, None))
-QUERY_BUCKETS = ((1, 1), (2, 64), (65, 128), (129, None))
-TOKEN_BUCKETS = ((1, 2**13), (2**13 + 1, 2**14), (2**14 + 1, 2**16), (2**16 + 1, None))
-"""New tokens per step, cut at engines' token budgets (8192, 16384) and at 65536."""
 PROMISED_TOKEN_BUCKETS = 3  # up to 16385-65536: twelve examples of a regime reach them surely
 OFFSET_NEAR_ZERO = 1e3  # below it, a row's logits are what the magnitude draws give
 OFFSET_FAR = 3e4  # past fp16-minded sentinels (-1e4, -3e4)
-
-
-def _bucket(value: int, buckets: tuple[tuple[int, int | None], ...]) -> str:
-    for low, high in buckets:
-        if value >= low and (high is None or value <= high):
-            return _bucket_name(low, high)
-    raise ValueError(f"{value} is in no bucket")
-
-
-def _bucket_name(low: int, high: int | None) -> str:
-    if high is None:
-        return f"{low}+"
-    return str(low) if low == high else f"{low}-{high}"
 
 
 def _row_kind(context: int, query: int) -> str:
@@ -135,28 +126,19 @@ def _pool(s: Scenario) -> str:
     return "2^24-2^31" if elements < 2**31 else "2^31+"
 
 
-def _heads(s: Scenario) -> str:
-    group = s.num_heads // s.num_kv_heads
-    if group == 1:
-        return "MHA"
-    if s.num_kv_heads == 1:
-        return "MQA"
-    return "GQA 2-8" if group <= 8 else "GQA 9+"
-
-
 def labels(s: Scenario) -> dict[str, str]:
     """The value of each dimension for one rank's step."""
     return {
         "dtype": dtype_name(s.dtype),
-        "dp_size": _bucket(s.dp_size, DP_BUCKETS),
+        "dp_size": bucket(s.dp_size, DP_BUCKETS),
         "rank": _rank_position(s),
         "layout": s.layout.value,
         "page_size": str(s.page_size),
         "head_dim": str(s.head_dim),
-        "heads": _heads(s),
+        "heads": heads_label(s),
         "batch": _batch_kind(s),
-        "context": _bucket(max(s.context_lens), CONTEXT_BUCKETS),
-        "query": _bucket(max(s.query_lens), QUERY_BUCKETS),
+        "context": bucket(max(s.context_lens), CONTEXT_BUCKETS),
+        "query": bucket(max(s.query_lens), QUERY_BUCKETS),
         "mask": "causal" if s.causal else "non-causal",
         "padding": "graph-padded" if s.graph_mode else "none",
         "shared_prefix": "shared" if s.shared_prefix else "none",
@@ -165,7 +147,7 @@ def labels(s: Scenario) -> dict[str, str]:
         "variant": _variant_label(s),
         "kv_cache": s.variant.kv_cache_dtype,
         "cache_layout": s.cache_layout,
-        "tokens": _bucket(sum(s.query_lens), TOKEN_BUCKETS),
+        "tokens": bucket(sum(s.query_lens), TOKEN_BUCKETS),
         "logit_offset": _logit_offset(s),
         "values": s.values,
         "pool": _pool(s),
@@ -286,7 +268,7 @@ def requirements(
     dp_sizes = _reachable_dp_sizes(caps, dp_aware, max_dp_size)
     for low, high in DP_BUCKETS:
         if any(low <= d <= (high or d) for d in dp_sizes):
-            wanted.append(_exactly("dp_size", _bucket_name(low, high)))
+            wanted.append(_exactly("dp_size", bucket_name(low, high)))
     positions = ["only"] + (["first", "last"] if max(dp_sizes) >= 2 else [])
     positions += ["middle"] if max(dp_sizes) >= 3 else []
     wanted += [_exactly("rank", p) for p in positions]
@@ -314,7 +296,7 @@ def requirements(
         wanted.append(_exactly("batch", "spec-decode"))
     most = _reachable_tokens(caps, limit)
     wanted += [  # 65537+ is drawn (about one token-budget step in five) but not promised
-        _exactly("tokens", _bucket_name(low, high))
+        _exactly("tokens", bucket_name(low, high))
         for low, high in TOKEN_BUCKETS[:PROMISED_TOKEN_BUCKETS]
         if low <= most
     ]
@@ -328,12 +310,12 @@ def requirements(
         wanted.append(_exactly("pool", "2^31+"))
     longest = _longest_reachable_context(caps, limit)
     wanted += [
-        _exactly("context", _bucket_name(low, high))
+        _exactly("context", bucket_name(low, high))
         for low, high in CONTEXT_BUCKETS
         if low <= longest
     ]
     wanted += [
-        _exactly("query", _bucket_name(low, high))
+        _exactly("query", bucket_name(low, high))
         for low, high in QUERY_BUCKETS
         if low <= min(longest, caps.max_seq_len or longest)
     ]

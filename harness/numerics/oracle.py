@@ -86,25 +86,26 @@ def visible_mask(
     return visible
 
 
-def _per_row(values: tuple[float, ...], num_kv_heads: int, q_len: int) -> torch.Tensor:
-    """Per-query-head ``values`` laid out as the grouped rows: ``[KV, G * q, 1]`` float64."""
-    per_head = torch.tensor(values, dtype=torch.float64).reshape(num_kv_heads, -1, 1)
-    return per_head.expand(-1, -1, q_len).reshape(num_kv_heads, -1, 1)
+def _per_row(values: tuple[float, ...], row: _GroupedRow) -> torch.Tensor:
+    """Per-query-head ``values`` laid out as the grouped rows: ``[R*KV, G * q, 1]`` float64."""
+    per_head = torch.tensor(values, dtype=torch.float64).reshape(row.kv_heads, -1, 1)
+    grouped = per_head.expand(-1, -1, row.q_len).reshape(row.kv_heads, -1, 1)
+    return grouped.repeat(row.sequences, 1, 1)
 
 
 def _alibi_bias(row: _GroupedRow, slopes: tuple[float, ...]) -> torch.Tensor:
-    """``[KV, G*q, L]``: ``slope_h * (key_pos - query_pos)``."""
+    """``[R*KV, G*q, L]``: ``slope_h * (key_pos - query_pos)``."""
     length = row.k.shape[1]
     query_pos = torch.arange(length - row.q_len, length, dtype=torch.float64)
     query_pos = query_pos.repeat(row.q.shape[1] // row.q_len)  # [G*q]
     distance = torch.arange(length, dtype=torch.float64)[None, :] - query_pos[:, None]
-    return _per_row(slopes, row.k.shape[0], row.q_len) * distance
+    return _per_row(slopes, row) * distance
 
 
 def variant_logits(
     row: _GroupedRow, scale: float, variant: AttentionVariant, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The masked logits ``[KV, G*q, L]`` in ``dtype`` and the sink column ``[KV, G*q, 1]``."""
+    """The masked logits ``[R*KV, G*q, L]`` in ``dtype`` and the sink column ``[R*KV, G*q, 1]``."""
     logits = (row.q.to(dtype) @ row.k.to(dtype).transpose(1, 2)) * scale
     cap = variant.logits_soft_cap
     if cap is not None:
@@ -114,7 +115,7 @@ def variant_logits(
     logits = logits.masked_fill(row.hidden, float("-inf"))
     sinks = None
     if variant.sinks is not None:
-        sinks = _per_row(variant.sinks, row.k.shape[0], row.q_len).to(dtype)
+        sinks = _per_row(variant.sinks, row).to(dtype)
     return logits, sinks
 
 
@@ -135,24 +136,36 @@ def _grouped_queries(query: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
     return query.reshape(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).flatten(1, 2)
 
 
-def _ungrouped(result: torch.Tensor, q_len: int) -> torch.Tensor:
-    """``[KV, group * q, ...]`` -> ``[q, H, ...]``, the inverse of ``_grouped_queries``."""
-    kv_heads, rows = result.shape[:2]
-    grouped = result.reshape(kv_heads, rows // q_len, q_len, *result.shape[2:])
-    return grouped.movedim(2, 0).flatten(1, 2)
+def _ungrouped(result: torch.Tensor, row: _GroupedRow) -> torch.Tensor:
+    """``[R*KV, group * q, ...]`` -> ``[R*q, H, ...]``, the inverse of stacking ``R``
+    sequences' ``_grouped_queries``: their tokens in order (``row.tokens``)."""
+    width = result.shape[1]
+    q_len, kv_heads = row.q_len, row.kv_heads
+    grouped = result.reshape(row.sequences, kv_heads, width // q_len, q_len, *result.shape[2:])
+    return grouped.movedim(3, 1).flatten(2, 3).flatten(0, 1)
 
 
 @dataclass(frozen=True)
 class _GroupedRow:
-    """One real row of a batch, laid out for GQA: its tokens, ``q [KV, G*q, D]``, ``k``/``v
-    [KV, L, D]`` and the ``[G*q, L]`` mask of keys each query may not see."""
+    """``sequences`` real rows of a batch with one query length and one context, stacked and
+    laid out for GQA: their tokens (in order), ``q [R*KV, G*q, D]``, ``k``/``v [R*KV, L, D]``
+    and the ``[G*q, L]`` mask of keys each query may not see (the same for each)."""
 
-    tokens: slice
+    tokens: torch.Tensor
     q_len: int
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
     hidden: torch.Tensor
+    sequences: int = 1
+
+    @property
+    def kv_heads(self) -> int:
+        return int(self.k.shape[0]) // self.sequences
+
+
+STACKED_ELEMENTS = 2**22
+"""At most this many K elements per stack of equal-shape rows (memory stays that of a few rows)."""
 
 
 def _grouped_rows(
@@ -163,21 +176,61 @@ def _grouped_rows(
     dtype: torch.dtype,
     window: int | None = None,
 ) -> Iterator[_GroupedRow]:
-    """The real rows of a ragged batch on the CPU in ``dtype``; padding rows are skipped."""
+    """The real rows of a ragged batch on the CPU in ``dtype``; padding rows are skipped.
+
+    Rows with one query length and one context are stacked (every row's
+    arithmetic is its own; only the loop is shared), so a step of tens of
+    thousands of decode rows costs a few tensor operations, not one per row.
+    """
     start = 0
+    shapes: dict[tuple[int, int], list[tuple[int, SequenceKV]]] = {}
     for seq, q_len in zip(sequences, query_lens, strict=True):
-        tokens = slice(start, start + q_len)
+        if seq is not None and q_len > 0:
+            shapes.setdefault((q_len, seq.length), []).append((start, seq))
         start += q_len
-        if seq is None or q_len == 0:
-            continue
-        k = seq.key.detach().to("cpu", dtype).transpose(0, 1)
-        v = seq.value.detach().to("cpu", dtype).transpose(0, 1)
-        q = _grouped_queries(query[tokens].detach().to("cpu", dtype), k.shape[0])
-        visible = visible_mask(q_len, seq.length, causal, window)
-        hidden = ~visible.repeat(q.shape[1] // q_len, 1)
-        yield _GroupedRow(tokens, q_len, q, k, v, hidden)
     if start != query.shape[0]:
         raise ValueError(f"query_lens sum to {start} but query has {query.shape[0]} tokens")
+    for (q_len, length), rows in shapes.items():
+        per_stack = max(1, STACKED_ELEMENTS // max(1, rows[0][1].key[0].numel() * length))
+        for first in range(0, len(rows), per_stack):
+            yield _stack(query, rows[first : first + per_stack], q_len, causal, dtype, window)
+
+
+def _stack(
+    query: torch.Tensor,
+    rows: list[tuple[int, SequenceKV]],
+    q_len: int,
+    causal: bool,
+    dtype: torch.dtype,
+    window: int | None,
+) -> _GroupedRow:
+    keys = torch.stack([seq.key.detach().to("cpu", dtype) for _, seq in rows])  # [R, L, KV, D]
+    values = torch.stack([seq.value.detach().to("cpu", dtype) for _, seq in rows])
+    tokens = torch.cat([torch.arange(start, start + q_len) for start, _ in rows])
+    kv_heads = keys.shape[2]
+    q = query.detach()[tokens.to(query.device)].to("cpu", dtype)  # [R*q, H, D]
+    q = q.reshape(len(rows), q_len, *q.shape[1:])
+    grouped = _grouped_batch(q, kv_heads)
+    length = keys.shape[1]
+    visible = visible_mask(q_len, length, causal, window)
+    hidden = ~visible.repeat(grouped.shape[1] // q_len, 1)
+    return _GroupedRow(
+        tokens,
+        q_len,
+        grouped,
+        keys.transpose(1, 2).flatten(0, 1),  # [R*KV, L, D]
+        values.transpose(1, 2).flatten(0, 1),
+        hidden,
+        len(rows),
+    )
+
+
+def _grouped_batch(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """``[R, q, H, D]`` -> ``[R*KV, group * q, D]``: ``_grouped_queries`` of each, stacked."""
+    rows, q_len, num_heads, head_dim = q.shape
+    group = num_heads // num_kv_heads
+    grouped = q.reshape(rows, q_len, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
+    return grouped.flatten(2, 3).flatten(0, 1)
 
 
 def oracle_attention(
@@ -206,11 +259,11 @@ def oracle_attention(
         query, sequences, query_lens, causal, torch.float64, variant.sliding_window
     )
     for row in rows_of:
-        q, k, hidden, rows, q_len = row.q, row.k, row.hidden, row.tokens, row.q_len
-        logits, sinks = variant_logits(row, scale, variant, torch.float64)  # [KV, G*q, L]
+        q, k, hidden, rows = row.q, row.k, row.hidden, row.tokens
+        logits, sinks = variant_logits(row, scale, variant, torch.float64)  # [R*KV, G*q, L]
         probs, row_lse = softmax_with_sink(logits, sinks)
-        out[rows] = _ungrouped(probs @ row.v, q_len)
-        lse[rows] = _ungrouped(row_lse, q_len)
+        out[rows] = _ungrouped(probs @ row.v, row)
+        lse[rows] = _ungrouped(row_lse, row)
         # a bound's magnitude, not a result: float32 is ample and three times cheaper
         magnitude = (q.abs().float() @ k.abs().float().transpose(1, 2)).double() * abs(scale)
         if variant.alibi_slopes is not None:
@@ -218,13 +271,11 @@ def oracle_attention(
         largest = magnitude.masked_fill(hidden, 0).amax(-1) + (variant.logits_soft_cap or 0.0)
         if sinks is not None:
             largest = largest + sinks[..., 0].abs()
-        logit_scale[rows] = _ungrouped(largest, q_len)
-        norms = row.v.norm(dim=-1).unsqueeze(1)  # [KV, 1, L]
-        value_scale[rows] = _ungrouped(norms.masked_fill(hidden, 0).amax(-1), q_len)
-        rounding_scale[rows] = _ungrouped(
-            (probs.square() @ norms.square().mT).sqrt()[..., 0], q_len
-        )
-        visible_keys[rows] = _ungrouped((~hidden).sum(-1).double().expand(k.shape[0], -1), q_len)
+        logit_scale[rows] = _ungrouped(largest, row)
+        norms = row.v.norm(dim=-1).unsqueeze(1)  # [R*KV, 1, L]
+        value_scale[rows] = _ungrouped(norms.masked_fill(hidden, 0).amax(-1), row)
+        rounding_scale[rows] = _ungrouped((probs.square() @ norms.square().mT).sqrt()[..., 0], row)
+        visible_keys[rows] = _ungrouped((~hidden).sum(-1).double().expand(k.shape[0], -1), row)
         checked[rows] = True
     return OracleOutput(out, value_scale, logit_scale, rounding_scale, checked, lse, visible_keys)
 
@@ -252,7 +303,7 @@ def naive_attention(
         logits, sinks = variant_logits(row, scale, variant, torch.float32)
         probs, _ = softmax_with_sink(logits, sinks)
         result = probs.to(dtype).float() @ row.v.float()
-        out[row.tokens] = _ungrouped(result, row.q_len).to(dtype)
+        out[row.tokens] = _ungrouped(result, row).to(dtype)
     return out
 
 

@@ -408,8 +408,10 @@ def _plant(
     so dropping, masking or misplacing a planted key is a large error in any
     dtype instead of one the size of rounding. Returns ``u`` (``None``: none planted).
     """
+    if not s.planted_keys:
+        return None
     positions = plant_positions(key.shape[0], s.page_size, candidates)
-    if not s.planted_keys or not positions:
+    if not positions:
         return None
     chosen = torch.randperm(len(positions), generator=gen)[: s.planted_keys]
     direction = torch.randn(s.head_dim, generator=gen)
