@@ -477,6 +477,10 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     replay = session(config).replay
     if replay is None:
+        from harness.conformance.workers import longest_first
+
+        order = longest_first([getattr(item, "originalname", item.name) for item in items])
+        items[:] = [items[i] for i in order]
         return
     test = replay[0]
     kept = [item for item in items if item.name == test]

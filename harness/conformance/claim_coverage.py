@@ -31,6 +31,7 @@ from harness.conformance.buckets import (
     bucket_name,
     heads_label,
 )
+from harness.conformance.pair_coverage import PAIR_DIMENSIONS, claimed_cells, pair_cells
 from harness.conformance.production_shapes import LARGE_DP_SIZES, CostLimit
 from harness.conformance.strategies import (
     HEAD_DIMS,
@@ -262,7 +263,9 @@ def requirements(
     context buckets up to what the claim and the cost limit allow; steps
     past engines' token budgets as far as the cost limit reaches; logit
     offsets as far as the dtypes hold; every real-model value regime; a pool
-    past 2^31 elements where ``large_pool`` says this machine can hold one.
+    past 2^31 elements where ``large_pool`` says this machine can hold one;
+    and every cell of every pair (``pair_coverage``) the claim and the cost
+    limit allow, which the pairwise test's fixed steps hold by construction.
     """
     wanted = [_exactly("dtype", dtype_name(d)) for d in caps.dtypes_on(device)]
     dp_sizes = _reachable_dp_sizes(caps, dp_aware, max_dp_size)
@@ -338,7 +341,14 @@ def requirements(
         wanted.append(Requirement("variant", "two or more at once", lambda label: "+" in label))
     wanted += [_exactly("kv_cache", d) for d in caps.kv_cache_dtypes]
     wanted += [_exactly("cache_layout", d) for d in caps.cache_layouts]
+    for pair, cells in claimed_cells(caps, limit, device).items():
+        wanted += [_exactly(pair, cell) for cell in cells]
     return wanted
+
+
+def _empty_tally() -> dict[str, Counter[str]]:
+    """A test's tally: every dimension and every pair (``PAIR_DIMENSIONS``), none counted."""
+    return {d: Counter() for d in (*DIMENSIONS, *PAIR_DIMENSIONS)}
 
 
 @dataclass
@@ -359,7 +369,7 @@ class BackendCoverage:
     stateful: list[StatefulRun] = field(default_factory=list)
 
     def totals(self) -> dict[str, Counter[str]]:
-        total: dict[str, Counter[str]] = {d: Counter() for d in DIMENSIONS}
+        total: dict[str, Counter[str]] = {d: Counter() for d in (*DIMENSIONS, *PAIR_DIMENSIONS)}
         for dims in self.by_test.values():
             for dimension, counts in dims.items():
                 total[dimension].update(counts)
@@ -414,10 +424,12 @@ class CoverageLog:
         """
         cover = self._backend(backend)
         cover.examples[test] += example
-        dims = cover.by_test.setdefault(test, {d: Counter() for d in DIMENSIONS})
+        dims = cover.by_test.setdefault(test, _empty_tally())
         for scenario in scenarios:
             for dimension, label in labels(scenario).items():
                 dims[dimension][label] += 1
+            for pair, cells in pair_cells(scenario).items():
+                dims[pair].update(cells)
 
     def record_stateful(self, backend: str, test: str, run: StatefulRun) -> None:
         """One finished stateful run: an example of ``test``."""
@@ -431,7 +443,7 @@ class CoverageLog:
             mine = self._backend(name)
             mine.examples.update(theirs.examples)
             for test, dims in theirs.by_test.items():
-                own = mine.by_test.setdefault(test, {d: Counter() for d in DIMENSIONS})
+                own = mine.by_test.setdefault(test, _empty_tally())
                 for dimension, counts in dims.items():
                     own.setdefault(dimension, Counter()).update(counts)
             mine.stateful.extend(theirs.stateful)
@@ -453,6 +465,15 @@ class CoverageLog:
                 continue
             cells = "  ".join(f"{label} {n}" for label, n in _ordered(counts))
             lines.append(f"  {dimension:<{width}}  {cells}")
+        wanted = list(wanted)
+        for pair in PAIR_DIMENSIONS:
+            claimed = sum(r.dimension == pair for r in wanted)
+            checked = len(totals[pair])
+            if claimed:
+                met = sum(r.dimension == pair and r.met_by(totals[pair]) for r in wanted)
+                lines.append(f"  {pair}  {met} of {claimed} claimed cells checked")
+            elif checked:
+                lines.append(f"  {pair}  {checked} cells checked")
         if cover.stateful:
             summary = _stateful_line(stateful_summary(cover.stateful))
             lines.append(f"  {'stateful':<{width}}  {summary}")

@@ -155,18 +155,27 @@ def _assert_padding_rows(
 PARTITION_DECODE_STEPS = 2
 
 
-PARTITION_WORK = CostLimit().work
+PARTITION_WORK = CostLimit().work // 16
 """The multiply-adds a rank's steps may cost here, where every token is computed (prefilled),
 not written into the cache beforehand as the single-step properties do."""
 
 
+PARTITION_ROWS = 16
+"""Sequences a rank keeps here: every one is prefilled, extended and decoded, step by step."""
+
+
 def _prefill_affordable(s: Scenario) -> Scenario:
-    """``s`` with its longest contexts halved until prefilling every one fits ``PARTITION_WORK``.
+    """``s`` with at most ``PARTITION_ROWS`` sequences, its longest contexts halved until
+    prefilling every one fits ``PARTITION_WORK``.
 
     The partition is about which pages a rank touches over several steps, so a
-    production group keeps its rows, page size and DP layout; only contexts
-    whose causal prefill would take minutes shrink (each query with them).
+    production group keeps its page size, DP layout and its first rows; only
+    contexts whose causal prefill would take minutes shrink (each query with
+    them). The other properties check many-sequence and long-context groups.
     """
+    s = replace(
+        s, context_lens=s.context_lens[:PARTITION_ROWS], query_lens=s.query_lens[:PARTITION_ROWS]
+    )
     contexts = list(s.context_lens)
     per_key = s.num_heads * s.head_dim
 

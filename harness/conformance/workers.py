@@ -38,6 +38,25 @@ WORKEROUTPUT_KEY = "attn_harness_tallies"
 """The key of a worker's tallies in xdist's ``workeroutput``."""
 
 
+LONGEST_FIRST = (
+    "test_each_rank_keeps_to_its_pages",
+    "test_pairwise_covering_steps_match_oracle",
+    "test_production_shapes_match_oracle",
+)
+"""Tests that take longest for most backends (every rank stepped, a few dozen production
+steps): they start first, so the workers do not end waiting on one of them."""
+
+
+def longest_first(names: list[str]) -> list[int]:
+    """The order to run tests named ``names`` in: ``LONGEST_FIRST`` ones first, else as given.
+
+    Which examples a test draws does not depend on the order (the ``ci``
+    profile derandomizes each test by its own name); only the wall time does,
+    since no worker can split one test.
+    """
+    return sorted(range(len(names)), key=lambda i: (names[i] not in LONGEST_FIRST, i))
+
+
 def xdist_available() -> bool:
     try:
         import xdist  # noqa: F401
