@@ -9,11 +9,12 @@
 * The coverage table of ``attn-harness conform --backend reference -v`` quoted in
   README.md and docs/conformance.md: the same in both; its rows are
   ``claim_coverage.DIMENSIONS`` in order (``reference`` claims every variant,
-  so every dimension has counts) and ``CoverageLog.table`` prints the quoted
-  counts exactly so; every row sums to the rank-steps; the test functions are
-  those of the suite that count examples; the stateful runs are the ``ci``
-  profile's; the counts reach every value ``ci`` promises for ``reference``;
-  the JUnit property quoted beside it is the table's dtype row.
+  so every dimension has counts), then the pairs and the stateful runs, and
+  ``CoverageLog.table`` prints the quoted counts exactly so; every row sums to
+  the rank-steps; the test functions are those of the suite that count
+  examples; the stateful runs are the ``ci`` profile's; the counts reach every
+  value ``ci`` promises for ``reference``, and the pairs row every claimed
+  cell; the JUnit property quoted beside it is the table's dtype row.
 
 The counts themselves change with the code (hypothesis mixes the checkout's
 constants into its draws), so they are not recomputed.
@@ -43,8 +44,10 @@ from harness.conformance.claim_coverage import (
     DIMENSIONS,
     BackendCoverage,
     CoverageLog,
+    Requirement,
     requirements,
 )
+from harness.conformance.pair_coverage import PAIR_DIMENSIONS
 from harness.conformance.profiles import get_profile
 from harness.core.registry import default_registry
 from harness.numerics import discrimination
@@ -164,13 +167,31 @@ def example() -> list[str]:
     return _coverage_example(CONFORMANCE)
 
 
+def _promised_for_reference() -> list[Requirement]:
+    """What the ``ci`` profile promises ``reference`` reaches, pairs' cells included."""
+    entry = default_registry().entry("reference")
+    budget = get_profile("ci").budget
+    return requirements(
+        entry.capabilities,
+        dp_aware=entry.accepts_dp,
+        max_dp_size=budget.max_dp_size,
+        max_context=budget.max_context,
+        limit=budget.production,
+        large_pool=True,  # the example's machine held a pool past 2^31 elements
+    )
+
+
+def _every_claimed_cell(wanted: list[Requirement]) -> dict[str, Counter[str]]:
+    return {p: Counter(r.wanted for r in wanted if r.dimension == p) for p in PAIR_DIMENSIONS}
+
+
 def test_readme_quotes_the_same_coverage_example(example):
     assert _coverage_example(README) == example
 
 
 def test_coverage_example_has_every_dimension_in_the_codes_order(example):
     assert HEADER.fullmatch(example[0]), example[0]
-    assert list(_rows(example)) == [*DIMENSIONS, "stateful"]
+    assert list(_rows(example)) == [*DIMENSIONS, "pairs", "stateful"]
 
 
 def test_coverage_example_is_what_the_table_prints_for_its_counts(example):
@@ -179,12 +200,13 @@ def test_coverage_example_is_what_the_table_prints_for_its_counts(example):
     examples, tests = int(header["examples"]), int(header["tests"])
     rows = _rows(example)
     per_test = {f"test_{i}": 1 for i in range(tests - 1)} | {"last": examples - tests + 1}
+    wanted = _promised_for_reference()
+    single = {d: _counts(rows.get(d, "")) for d in DIMENSIONS}
     cover = BackendCoverage(
-        examples=Counter(per_test),
-        by_test={"all": {d: _counts(rows.get(d, "")) for d in DIMENSIONS}},
+        examples=Counter(per_test), by_test={"all": single | _every_claimed_cell(wanted)}
     )
     log = CoverageLog(backends={header["backend"]: cover})
-    printed = log.table(header["backend"])
+    printed = log.table(header["backend"], wanted)
     assert ["attn-harness " + printed[0], *printed[1:]] == example[:-1]
 
 
@@ -192,7 +214,7 @@ def test_coverage_example_rows_each_sum_to_the_rank_steps(example):
     header = HEADER.fullmatch(example[0])
     assert header
     for dimension, cells in _rows(example).items():
-        if dimension != "stateful":
+        if dimension not in ("pairs", "stateful"):
             assert sum(_counts(cells).values()) == int(header["steps"]), dimension
 
 
@@ -217,20 +239,15 @@ def test_coverage_example_reaches_everything_ci_promises_for_reference(example):
     header = HEADER.fullmatch(example[0])
     assert header
     assert header["backend"] == "reference"
-    entry = default_registry().entry("reference")
-    budget = get_profile("ci").budget
-    wanted = requirements(
-        entry.capabilities,
-        dp_aware=entry.accepts_dp,
-        max_dp_size=budget.max_dp_size,
-        max_context=budget.max_context,
-        limit=budget.production,
-        large_pool=True,  # the example's machine held a pool past 2^31 elements
-    )
+    wanted = _promised_for_reference()
     rows = _rows(example)
     cover = BackendCoverage(by_test={"all": {d: _counts(rows.get(d, "")) for d in DIMENSIONS}})
-    missing = [f"{r.dimension} {r.wanted}" for r in cover.missing(wanted)]
+    single = [r for r in wanted if r.dimension in DIMENSIONS]
+    missing = [f"{r.dimension} {r.wanted}" for r in cover.missing(single)]
     assert not missing, missing
+    claimed = _every_claimed_cell(wanted)
+    expected = "  ".join(f"{p} {len(claimed[p])}/{len(claimed[p])}" for p in PAIR_DIMENSIONS)
+    assert rows["pairs"] == expected  # every claimed cell of every pair checked
 
 
 @pytest.mark.parametrize("path", [README, CONFORMANCE], ids=lambda p: p.name)

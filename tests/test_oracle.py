@@ -260,3 +260,36 @@ def test_the_logit_term_grows_with_the_root_of_the_head_dim():
     sums = 4 * u32 * 3.0  # sqrt(16) u32 v_max: one key counted as 16
     for head_dim, root in ((4, 1.0), (16, 1.0), (64, 2.0), (256, 4.0)):
         assert bound(head_dim) == pytest.approx(sums + 2 * root * u32 * 3.0 * 50.0, rel=1e-12)
+
+
+@pytest.mark.parametrize("variant", ["plain", "sinks+alibi+window"])
+def test_rows_of_one_shape_are_stacked_as_if_each_ran_alone(variant):
+    """Equal-shape rows share one computation; every field equals the row computed alone."""
+    from harness.core.variants import AttentionVariant, alibi_slopes_for
+
+    gen = torch.Generator().manual_seed(7)
+    heads, kv_heads, dim = 4, 2, 8
+    chosen = AttentionVariant()
+    if variant != "plain":
+        chosen = AttentionVariant(
+            sliding_window=3, sinks=(0.5, -1.0, 2.0, 0.0), alibi_slopes=alibi_slopes_for(heads)
+        )
+    lengths, query_lens = [6, 6, 9, 6, 9], [2, 2, 1, 2, 1]
+    sequences = [
+        SequenceKV(
+            torch.randn(n, kv_heads, dim, generator=gen, dtype=torch.float64),
+            torch.randn(n, kv_heads, dim, generator=gen, dtype=torch.float64),
+        )
+        for n in lengths
+    ]
+    query = torch.randn(sum(query_lens), heads, dim, generator=gen, dtype=torch.float64)
+    together = oracle_attention(query, sequences, query_lens, scale=0.3, variant=chosen)
+    start = 0
+    for seq, q_len in zip(sequences, query_lens, strict=True):
+        alone = oracle_attention(
+            query[start : start + q_len], [seq], [q_len], scale=0.3, variant=chosen
+        )
+        for name in ("output", "value_scale", "logit_scale", "rounding_scale", "lse"):
+            mine = getattr(together, name)[start : start + q_len]
+            torch.testing.assert_close(mine, getattr(alone, name), rtol=1e-12, atol=1e-12)
+        start += q_len

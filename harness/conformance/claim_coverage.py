@@ -346,6 +346,19 @@ def requirements(
     return wanted
 
 
+def _pairs_row(totals: dict[str, Counter[str]], wanted: list[Requirement]) -> str:
+    """Each pair's cells checked, as ``checked/claimed`` where a claim is promised."""
+    cells = []
+    for pair in PAIR_DIMENSIONS:
+        claimed = [r for r in wanted if r.dimension == pair]
+        if claimed:
+            met = sum(r.met_by(totals[pair]) for r in claimed)
+            cells.append(f"{pair} {met}/{len(claimed)}")
+        elif totals[pair]:
+            cells.append(f"{pair} {len(totals[pair])}")
+    return "  ".join(cells)
+
+
 def _empty_tally() -> dict[str, Counter[str]]:
     """A test's tally: every dimension and every pair (``PAIR_DIMENSIONS``), none counted."""
     return {d: Counter() for d in (*DIMENSIONS, *PAIR_DIMENSIONS)}
@@ -466,14 +479,9 @@ class CoverageLog:
             cells = "  ".join(f"{label} {n}" for label, n in _ordered(counts))
             lines.append(f"  {dimension:<{width}}  {cells}")
         wanted = list(wanted)
-        for pair in PAIR_DIMENSIONS:
-            claimed = sum(r.dimension == pair for r in wanted)
-            checked = len(totals[pair])
-            if claimed:
-                met = sum(r.dimension == pair and r.met_by(totals[pair]) for r in wanted)
-                lines.append(f"  {pair}  {met} of {claimed} claimed cells checked")
-            elif checked:
-                lines.append(f"  {pair}  {checked} cells checked")
+        pairs = _pairs_row(totals, wanted)
+        if pairs:
+            lines.append(f"  {'pairs':<{width}}  {pairs}")
         if cover.stateful:
             summary = _stateful_line(stateful_summary(cover.stateful))
             lines.append(f"  {'stateful':<{width}}  {summary}")
