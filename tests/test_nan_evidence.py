@@ -42,3 +42,17 @@ def test_with_nothing_reachable_the_kernels_arithmetic_is_named():
     assert "no NaN lay within reach of an in-bounds read" in words
     assert "|logit / soft_cap| reaches" in words
     assert "inf / inf = NaN with no bad read" in words
+
+
+def test_massive_float16_values_name_an_unnormalised_sum():
+    import torch
+
+    s = Scenario(
+        page_size=4,
+        context_lens=(8,),
+        query_lens=(1,),
+        num_layers=1,
+        dtype=torch.float16,
+        values="massive-v",
+    )
+    assert "an unnormalised weighted sum" in _poisoned(s)

@@ -4,7 +4,7 @@ Unused cache memory and the gaps of strided inputs hold NaN by design, so a
 kernel that reads past what it may read returns NaN instead of a plausible
 wrong number. But a NaN also comes from a kernel's own arithmetic (a soft-cap
 formed from exponentials overflows once ``|logit / cap|`` passes 88.7 in
-float32; ``q.k`` past float16's range). A fixed guess sends its reader the
+float32; ``q.k`` past float16's range; an unnormalised ``P.V`` of large values). A fixed guess sends its reader the
 wrong way half the time; this module says which of the two the step allowed:
 the rows it is in, whether any NaN lay where an in-bounds or a nearly
 in-bounds read reaches, and how large the logits of the affected rows are.
@@ -78,4 +78,11 @@ def _logit_fact(inputs: StepInputs, layer: int, tokens: list[slice]) -> str:
             f"their raw q.k reaches {reach / s.softmax_scale:.3g}, past float16's range: "
             "a dot product kept in float16 overflows"
         )
-    return f"their logits stay within {reach:.3g}: no overflow explains it"
+    largest = max(float(oracle.value_scale[span].max()) for span in tokens)
+    if s.dtype == torch.float16 and 2 * largest > FLOAT16_MAX:
+        return (
+            f"their values reach a norm of {largest:.3g}: an unnormalised weighted sum of "
+            "two or more of them (P.V before dividing by the softmax's sum) kept in float16 "
+            "overflows"
+        )
+    return f"their logits and values stay within range ({reach:.3g}): no overflow explains it"
