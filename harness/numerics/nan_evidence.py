@@ -4,8 +4,9 @@ Unused cache memory and the gaps of strided inputs hold NaN by design, so a
 kernel that reads past what it may read returns NaN instead of a plausible
 wrong number. But a NaN also comes from a kernel's own arithmetic (a soft-cap
 formed from exponentials overflows once ``|logit / cap|`` passes 88.7 in
-float32; ``q.k`` past float16's range; an unnormalised ``P.V`` of large values). A fixed guess sends its reader the
-wrong way half the time; this module says which of the two the step allowed:
+float32; ``q.k`` past float16's range; an unnormalised ``P.V`` of large
+values). A fixed guess sends its reader the wrong way half the time; this
+module says which of the two the step allowed:
 the rows it is in, whether any NaN lay where an in-bounds or a nearly
 in-bounds read reaches, and how large the logits of the affected rows are.
 """
