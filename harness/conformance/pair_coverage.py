@@ -395,6 +395,9 @@ def covering_steps(caps: Capabilities, limit: CostLimit, device: str = "cpu") ->
 
     _attach(steps, cells["heads x head_dim"], axes, limit, heads, partial(heads, cheapest))
     _attach(steps, cells["query x feature"], axes, limit, query, query_alone)
-    _attach(steps, cells["dtype x values"], axes, limit, values, partial(values, cheapest))
+    def values_alone(dtype: str, regime: str) -> _Step:
+        return replace(cheapest, dtype=dtype, values=regime)
+
+    _attach(steps, cells["dtype x values"], axes, limit, values, values_alone)
     steps = [s if s.dtype else replace(s, dtype=first_dtype) for s in steps]
     return [s.scenario(axes, caps, seed, device) for seed, s in enumerate(steps)]
