@@ -395,6 +395,7 @@ def covering_steps(caps: Capabilities, limit: CostLimit, device: str = "cpu") ->
 
     _attach(steps, cells["heads x head_dim"], axes, limit, heads, partial(heads, cheapest))
     _attach(steps, cells["query x feature"], axes, limit, query, query_alone)
+
     def values_alone(dtype: str, regime: str) -> _Step:
         return replace(cheapest, dtype=dtype, values=regime)
 

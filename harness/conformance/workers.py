@@ -40,7 +40,7 @@ WORKEROUTPUT_KEY = "attn_harness_tallies"
 
 LONGEST_FIRST = (
     "test_each_rank_keeps_to_its_pages",
-    "test_pairwise_covering_steps_match_oracle",
+    "test_pairwise_steps_match_oracle",
     "test_production_shapes_match_oracle",
 )
 """Tests that take longest for most backends (every rank stepped, a few dozen production

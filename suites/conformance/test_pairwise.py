@@ -17,7 +17,7 @@ from harness.conformance.properties import check_matches_oracle
 from suites.conformance.conftest import check, current_device
 
 
-def test_pairwise_covering_steps_match_oracle(backend_entry) -> None:
+def test_pairwise_steps_match_oracle(backend_entry) -> None:
     limit = profile_for(backend_entry).budget.production
     steps = covering_steps(backend_entry.capabilities, limit, current_device())
     assert steps, f"{backend_entry.name}'s claim leaves no pair of dimensions to check"

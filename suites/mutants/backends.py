@@ -420,3 +420,13 @@ from suites.mutants.padding import (  # noqa: E402, F401
 )
 
 MUTANTS += PADDING_MUTANTS
+
+from suites.mutants.combinations import (  # noqa: E402, F401
+    COMBINATION_MUTANTS,
+    LseOfFirstSplitOnly,
+    LseRowsShiftedByPadding,
+    SequencesPastGridLimitDropped,
+    SplitWorkPastPlanDropped,
+)
+
+MUTANTS += COMBINATION_MUTANTS

@@ -109,6 +109,15 @@ EXPECTED: dict[str, frozenset[str]] = {
     "ScalePlannedOncePerStep": frozenset({PROPERTY}),
     "SinksPlannedByFirstLayer": frozenset({PROPERTY}),
     "KvScalesFromLastPlan": frozenset({PROPERTY}),
+    # padding rows behind a promise
+    "PaddingRowsZeroOverZero": frozenset({"padding"}),
+    "PaddingRowsLeftStale": frozenset({"padding"}),
+    "PaddingRowsReadPageZero": frozenset({"padding", "page_order"}),
+    # dimensions together
+    "SequencesPastGridLimitDropped": frozenset({"sequences", "tokens", PROPERTY}),
+    "SplitWorkPastPlanDropped": frozenset({"sequences", "context", "tokens", PROPERTY}),
+    "LseOfFirstSplitOnly": frozenset({"context", PROPERTY}),
+    "LseRowsShiftedByPadding": frozenset({"padding", PROPERTY}),
 }
 
 
