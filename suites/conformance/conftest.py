@@ -120,15 +120,20 @@ def draw_scenario(
     return data.draw(strategy, label="scenario")
 
 
-def draw_far_below(data: st.DataObject, entry: BackendEntry) -> Scenario:
-    """One rank's step whose rows' logits all lie far below zero (``far_below_scenarios``)."""
-    strategy = far_below_scenarios(
+def _draw_claimed(data: st.DataObject, entry: BackendEntry, make: Any, label: str) -> Any:
+    """One draw of ``make(caps, ...)``, the strategy of steps inside ``entry``'s claim."""
+    strategy = make(
         entry.capabilities,
         dp_aware=entry.accepts_dp,
         budget=profile_for(entry).budget,
         device=current_device(),
     )
-    return data.draw(strategy, label="far-below scenario")
+    return data.draw(strategy, label=label)
+
+
+def draw_far_below(data: st.DataObject, entry: BackendEntry) -> Scenario:
+    """One rank's step whose rows' logits all lie far below zero (``far_below_scenarios``)."""
+    return _draw_claimed(data, entry, far_below_scenarios, "far-below scenario")
 
 
 def draw_production(data: st.DataObject, entry: BackendEntry, regime: str) -> Scenario:
@@ -143,24 +148,12 @@ def draw_production(data: st.DataObject, entry: BackendEntry, regime: str) -> Sc
 
 
 def draw_ranks(data: st.DataObject, entry: BackendEntry) -> list[Scenario]:
-    strategy = multi_rank_scenarios(
-        entry.capabilities,
-        dp_aware=entry.accepts_dp,
-        budget=profile_for(entry).budget,
-        device=current_device(),
-    )
-    return data.draw(strategy, label="ranks")
+    return _draw_claimed(data, entry, multi_rank_scenarios, "ranks")
 
 
 def draw_instances(data: st.DataObject, entry: BackendEntry) -> list[Scenario]:
     """Two or three configurations of one step, for instances alive together (``instances``)."""
-    strategy = instance_groups(
-        entry.capabilities,
-        dp_aware=entry.accepts_dp,
-        budget=profile_for(entry).budget,
-        device=current_device(),
-    )
-    return data.draw(strategy, label="instances")
+    return _draw_claimed(data, entry, instance_groups, "instances")
 
 
 def require_dp(entry: BackendEntry) -> None:
