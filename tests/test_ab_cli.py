@@ -116,7 +116,8 @@ def test_the_base_from_a_git_revision_runs_in_a_worktree_that_is_removed(
             *ONE_CASE,
             *QUICK,
             "--threshold",
-            "0.5",
+            "3.0",  # the worktree's mechanics, not a verdict: a side against itself, beside
+            # the other xdist worker's load, has scattered by +95% (CI, 2026-12-06)
             "--out",
             str(out),
         ]
