@@ -40,6 +40,12 @@ FINDINGS = (
         re.compile(rf"{SCENARIO}.*\bwindow=\d+"),
     ),
     Finding(
+        "sglang-triton",
+        "SGLang: the MHA decode kernel rounds each q_i k_i product to the 16-bit dtype"
+        " before summing in float32",
+        re.compile(rf"{SCENARIO}.*\b(?:float16|bfloat16), H=(\d+) KV=\1 "),
+    ),
+    Finding(
         "vllm-triton",
         "vLLM: ALiBi is slope x (key - context_len), off the definition by a per-row"
         " constant that sinks expose on multi-token queries",
