@@ -149,3 +149,10 @@ def test_planted_keys_hold_large_weight_and_do_not_change_other_draws():
     gap = logits[:, changed[0]] - logits.median(dim=1).values
     assert (gap > 4).all()  # the planted key stands out for every head
     assert pages_needed(1024, 16) <= base.total_pages
+
+
+def test_production_geometries_run_at_served_models_scales():
+    """Granite's 1/128, Gemma-2 27B's 1/12 and DeepSeek-V3's YaRN scale, beside the default."""
+    drawn = {s.scale for regime in ("split-kv", "head-geometry") for s in collect(regime)}
+    assert None in drawn
+    assert {0.0078125, 144.0**-0.5} <= drawn, drawn

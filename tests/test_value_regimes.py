@@ -125,7 +125,7 @@ def test_the_strategies_draw_every_regime():
     drawn: list[str] = []
 
     @settings(
-        max_examples=200,
+        max_examples=400,
         derandomize=True,
         deadline=None,
         database=None,

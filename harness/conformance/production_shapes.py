@@ -9,6 +9,7 @@ The sizes are data here; ``harness.conformance.strategies`` draws from them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 THRESHOLDS = (64, 128, 256, 512, 1024, 2048, 4096)
@@ -70,6 +71,16 @@ MODEL_GEOMETRIES = (
     HeadGeometry("GPT-NeoX-20B", 64, 64, 96),
     HeadGeometry("Phi-2", 32, 32, 80),
 )
+
+MODEL_SCALES = (
+    None,  # 1/sqrt(head_dim), most models
+    None,
+    None,
+    0.0078125,  # Granite-3: attention_multiplier 1/128 at head_dim 128 (1/head_dim, muP)
+    144.0**-0.5,  # Gemma-2 27B: query_pre_attn_scalar 144 at head_dim 128
+    (0.1 * math.log(40.0) + 1.0) ** 2 / math.sqrt(192.0),  # DeepSeek-V3: YaRN x40 mscale^2
+)
+"""Softmax scales of served models; ``None`` is the default, drawn half the time."""
 
 REGIMES = (
     "split-kv",  # contexts on both sides of 64 ... 4096 (split-KV chunks, key tiles)

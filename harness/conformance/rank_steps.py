@@ -24,6 +24,7 @@ from harness.numerics.canary import changed_slots, snapshot
 from harness.numerics.oracle import SequenceKV, references
 from harness.numerics.scenario import Scenario, fit_fp8
 from harness.numerics.tolerance import compare
+from harness.numerics.value_regimes import RegimeChannels
 
 KVHistory = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: all K and V so far
 
@@ -41,6 +42,10 @@ class RankSteps:
     history: dict[int, KVHistory] = field(default_factory=dict)
     pending: dict[int, int] = field(default_factory=dict)  # prompt tokens not yet prefilled
     steps: int = 0
+
+    def __post_init__(self) -> None:
+        g = self.geometry
+        self.regime = RegimeChannels(g.values, g.head_dim, g.seed)  # one model, one channel set
 
     def admit(self, prompt: int) -> int:
         seq_id = self.builder.admit()
@@ -80,11 +85,18 @@ class RankSteps:
         return built
 
     def _random(
-        self, shape: tuple[int, ...], magnitude: float = 1.0, fp8_scale: float | None = None
+        self,
+        shape: tuple[int, ...],
+        magnitude: float = 1.0,
+        fp8_scale: float | None = None,
+        *,
+        values: bool = False,
     ) -> torch.Tensor:
+        """Normal draws at ``magnitude`` in the geometry's value regime (``values``: as V)."""
         g = self.geometry
         data = torch.randn(shape, generator=self.gen) * magnitude
-        data = data.to(device=g.device, dtype=g.dtype)
+        shaped = self.regime.values if values else self.regime.queries_and_keys
+        data = shaped(data).to(device=g.device, dtype=g.dtype)
         return data if fp8_scale is None else fit_fp8(data, fp8_scale, g.variant)
 
     def _forward_layer(self, built: Step, slots: list[int], layer: int) -> None:
@@ -94,7 +106,7 @@ class RankSteps:
         for row in built.rows:
             shape = (row.query_len, g.num_kv_heads, g.head_dim)
             k = self._random(shape, g.magnitude, g.variant.k_scale)
-            v = self._random(shape, fp8_scale=g.variant.v_scale)
+            v = self._random(shape, fp8_scale=g.variant.v_scale, values=True)
             new_k.append(k)
             new_v.append(v)
             if row.seq_id is None:  # graph-mode padding: written nowhere, never checked

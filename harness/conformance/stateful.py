@@ -6,7 +6,8 @@ speculative-decoding verify step feeds them), forked to share prefix pages,
 and released (their pages re-used by sequences admitted
 later). Every rule ends in a forward step, and pools are sized so that a
 step never runs out of pages, so each run is a real program rather than a
-few idle draws. After every step, each layer's output is checked against
+few idle draws. Runs are small or of a production shape
+(``harness.conformance.stateful_shapes``). After every step, each layer's output is checked against
 the float64 oracle over the full token history, and the cache against a
 canary (``harness.conformance.rank_steps``).
 
@@ -40,7 +41,8 @@ from hypothesis.stateful import (
 from harness.conformance.claim_coverage import StatefulRun, claim_summary
 from harness.conformance.cost_budget import TestCosts, step_work
 from harness.conformance.rank_steps import RankSteps
-from harness.conformance.strategies import Budget, geometries, spec_query_lens
+from harness.conformance.stateful_shapes import MAX_LIVE, MAX_STATEFUL_DP, RunShape, run_shapes
+from harness.conformance.strategies import Budget, spec_query_lens
 from harness.core.batches import BatchBuilder
 from harness.core.errors import OutOfPages, PropertyFailure, Unsupported
 from harness.core.kv_pages import PagePool, PoolLayout, pages_needed
@@ -48,10 +50,6 @@ from harness.core.registry import BackendEntry
 from harness.numerics.scenario import Scenario, backend_for, scenario_caches
 
 T = TypeVar("T")
-MAX_LIVE = 4
-"""Sequences one rank holds at once; pools hold this many of the longest."""
-MAX_STATEFUL_DP = 8
-"""Ranks in one machine: every step snapshots the whole pool, which grows with dp_size."""
 RULES = ("admit", "chunked-prefill", "decode", "fork", "free", "re-admit", "spec-decode")
 MAX_NEW_TOKENS = 6
 """Tokens a sequence decodes after its prompt before it finishes (drawn from 1 to this)."""
@@ -86,6 +84,8 @@ def conformance_machine(
 ) -> type[RuleBasedStateMachine]:
     """A state machine class bound to ``entry``, drawing inside its capabilities.
 
+    One run in ``budget.production_rate`` has a production shape
+    (``run_shapes``); the rest are small, and shrinking lands there.
     With ``costs`` (a backend that runs interpreted), a step larger than the
     test's step cap (``CostLedger.step_cap``: its part of the budget spread
     over ``max_steps``) is not taken: neither the backend nor the harness's
@@ -95,8 +95,6 @@ def conformance_machine(
     caps = entry.capabilities
     max_dp = min(budget.max_dp_size, caps.max_dp_size or budget.max_dp_size, MAX_STATEFUL_DP)
     max_dp = max_dp if entry.accepts_dp else 1
-    max_context = min(budget.max_context, caps.max_seq_len or budget.max_context)
-    max_prompt = max(1, max_context - 4)  # room left to decode
 
     class BackendSteps(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -107,8 +105,7 @@ def conformance_machine(
             self.finish: dict[tuple[str, int], int] = {}  # length at which a sequence ends
 
         @initialize(
-            geometry=geometries(caps, budget, device),
-            dp_size=st.integers(1, max_dp),
+            shape=run_shapes(caps, budget, device, max_dp),
             layout=st.sampled_from(list(PoolLayout)),
             extra=st.integers(0, 7),
             shuffle=st.booleans(),
@@ -116,15 +113,16 @@ def conformance_machine(
         )
         def setup(
             self,
-            geometry: Scenario,
-            dp_size: int,
+            shape: RunShape,
             layout: PoolLayout,
             extra: int,
             shuffle: bool,
             data: st.DataObject,
         ) -> None:
-            g = geometry
-            per_rank = MAX_LIVE * pages_needed(max_context, g.page_size)
+            g, dp_size = shape.geometry, shape.dp_size
+            self.shape = shape
+            self.max_context = shape.max_context
+            per_rank = MAX_LIVE * pages_needed(self.max_context, g.page_size)
             total = per_rank * dp_size + extra % dp_size
             pool = PagePool(total, dp_size, shuffle_seed=0 if shuffle else None)
             self.group = replace(g, total_pages=total, dp_size=dp_size, layout=layout)
@@ -139,7 +137,8 @@ def conformance_machine(
                 self.ranks.append(RankSteps(backend, builder, caches, g, gen, f"rank {rank}"))
             note(
                 f"geometry: {g.describe()}; pool {total} pages, dp_size {dp_size}, "
-                f"{layout.value}{', shuffled' if shuffle else ''}"
+                f"{layout.value}{', shuffled' if shuffle else ''}; contexts to "
+                f"{self.max_context}{f' ({shape.regime})' if shape.regime else ''}"
             )
             self._admit(self.ranks[0], data)  # every run starts with a step
 
@@ -157,7 +156,8 @@ def conformance_machine(
         # -- which ranks a rule can act on ----------------------------------------
 
         def _growable(self, rank: RankSteps) -> list[int]:
-            return sorted(s for s in rank.builder.sequences if rank.cached_len(s) < max_context)
+            live = rank.builder.sequences
+            return sorted(s for s in live if rank.cached_len(s) < self.max_context)
 
         def _forkable(self, rank: RankSteps) -> list[int]:
             page = self.group.page_size
@@ -183,7 +183,7 @@ def conformance_machine(
             return [
                 s
                 for s in self._growable(rank)
-                if not rank.pending[s] and max_context - rank.cached_len(s) >= 2
+                if not rank.pending[s] and self.max_context - rank.cached_len(s) >= 2
             ]
 
         def can_speculate(self) -> bool:
@@ -207,12 +207,13 @@ def conformance_machine(
             """Its prompt, then a few decoded tokens: then it finishes and its pages are freed."""
             new_tokens = data.draw(st.integers(1, MAX_NEW_TOKENS), label="tokens to generate")
             target = rank.cached_len(seq_id) + rank.pending[seq_id] + new_tokens
-            self.finish[rank.name, seq_id] = min(target, max_context)
+            self.finish[rank.name, seq_id] = min(target, self.max_context)
 
         def _admit(self, rank: RankSteps, data: st.DataObject) -> None:
             index = self.ranks.index(rank)
             self.run.reached.add("re-admit" if index in self.released else "admit")
-            seq_id = rank.admit(data.draw(st.integers(1, max_prompt), label="prompt"))
+            prompt = data.draw(self.shape.prompts(), label="prompt")
+            seq_id = rank.admit(prompt)
             self._finish_after(rank, seq_id, data)
             self._step(rank, data, include=seq_id)
 
@@ -239,7 +240,7 @@ def conformance_machine(
             prefix = data.draw(st.integers(self.group.page_size, rank.cached_len(parent)))
             prompt = data.draw(st.integers(1, 8), label="child prompt")
             child = rank.fork(parent, prefix, prompt)
-            rank.pending[child] = min(prompt, max_context - rank.cached_len(child))
+            rank.pending[child] = min(prompt, self.max_context - rank.cached_len(child))
             self._finish_after(rank, child, data)
             self.run.reached.add("fork")
             self._step(rank, data, include=child)
@@ -253,9 +254,10 @@ def conformance_machine(
             """A verify step: every decoding request of a rank takes the same 2-8 tokens."""
             rank = data.draw(st.sampled_from([r for r in self.ranks if self._decoding(r)]))
             decoding = self._decoding(rank)
-            room = max(max_context - rank.cached_len(s) for s in decoding)
+            room = max(self.max_context - rank.cached_len(s) for s in decoding)
             query = min(data.draw(spec_query_lens(), label="draft tokens + 1"), room)
-            requests = [(s, query) for s in decoding if max_context - rank.cached_len(s) >= query]
+            fits = [s for s in decoding if self.max_context - rank.cached_len(s) >= query]
+            requests = [(s, query) for s in fits]
             self.run.reached.add("spec-decode")
             self._take_step(rank, requests, data)
 
@@ -284,10 +286,10 @@ def conformance_machine(
             requests = []
             for seq_id in ids:
                 pending = rank.pending[seq_id]
-                room = max_context - rank.cached_len(seq_id)
+                room = self.max_context - rank.cached_len(seq_id)
                 if pending:  # prefill: the whole prompt, or a chunk of it
                     whole = data.draw(st.booleans(), label="whole prompt")
-                    chunk = st.integers(1, min(pending, room))
+                    chunk = self.shape.chunks(min(pending, room))
                     query = min(pending, room) if whole else data.draw(chunk, label="chunk")
                     if query < pending:
                         self.run.reached.add("chunked-prefill")

@@ -8,7 +8,7 @@ a production shape of a drawn regime; ``production_scenarios(caps, regime)``
 aims every draw at one family of kernel thresholds
 (``harness.conformance.production_shapes``).
 
-Public: ``scenarios``, ``production_scenarios``, ``multi_rank_scenarios``.
+Public: ``scenarios``, ``production_scenarios``, ``multi_rank_scenarios``, ``value_regime``.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ FAR_BELOW = tuple(o for o in LOGIT_OFFSETS if o < -1e4)
 REAL_VALUES_ONE_IN = 4  # steps drawn in a real-model value regime rather than plain noise
 
 
-def _value_regime(draw: st.DrawFn, caps: Capabilities, base: Scenario) -> Scenario:
+def value_regime(draw: st.DrawFn, caps: Capabilities, base: Scenario) -> Scenario:
     """``base`` in a real-model value regime one step in ``REAL_VALUES_ONE_IN`` (normal: shrinks).
 
     A regime sets its own values, so the step's logit offsets go; ``tiny-scale``
@@ -175,7 +175,7 @@ def _step_options(
         logit_offsets=_logit_offsets(draw, base, len(contexts), caps),
         seed=draw(st.integers(0, 2**16)),
     )
-    return _value_regime(draw, caps, drawn)
+    return value_regime(draw, caps, drawn)
 
 
 @st.composite

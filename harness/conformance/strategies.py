@@ -33,6 +33,7 @@ from harness.conformance.production_shapes import (
     LONG_CONTEXTS,
     MANY_SEQUENCES,
     MODEL_GEOMETRIES,
+    MODEL_SCALES,
     MQA_HEADS,
     PRODUCTION_GROUPS,
     PRODUCTION_HEAD_DIMS,
@@ -382,7 +383,9 @@ def production_geometries(
         causal=not draw(st.booleans()) if caps.non_causal else True,
         device=device,
     )
-    return with_variant(draw, caps, geometry, PRODUCTION_WINDOWS)
+    geometry = with_variant(draw, caps, geometry, PRODUCTION_WINDOWS)
+    scaled = replace(geometry, scale=draw(balanced(MODEL_SCALES)))  # a served model's scale
+    return scaled if logit_reach(scaled) <= soft_cap_room(caps, scaled) else geometry
 
 
 def _query_kinds(length: int) -> tuple[tuple[str, int], ...]:
