@@ -35,6 +35,7 @@ CAUGHT_BY: dict[str, str] = {
     "suites.mutants.combinations:LseRowsShiftedByPadding": "test_lse_matches_oracle",
     "suites.mutants.combinations:SequencesPastGridLimitDropped": "test_pairwise_steps_match_oracle",
     "suites.mutants.combinations:SplitWorkPastPlanDropped": "test_pairwise_steps_match_oracle",
+    "suites.mutants.combinations:WriteShiftsHeadsPastChunk": "test_stateful_steps",
     "suites.mutants.field:AlibiDroppedInDecode": "test_rows_far_below_zero_match_oracle",
     "suites.mutants.field:CombinedKvBlockStrideAssumed": "test_inputs_unmodified_outputs_finite",
     "suites.mutants.field:FiniteSentinelMax": "test_rows_far_below_zero_match_oracle",

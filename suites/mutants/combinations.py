@@ -16,13 +16,14 @@ from dataclasses import replace
 import torch
 
 from harness.core.contract import LayerCache
-from harness.core.kv_pages import pages_needed
+from harness.core.kv_pages import pages_needed, put_rows, take_rows
 from harness.core.paged_base import PreparedStep
 from reference_backends.reference import ReferenceBackend
 
 SPLIT_KEYS = 256  # keys per split-KV work item
 GRID_LIMIT = 65535  # a CUDA grid's y and z dimensions
 WORK_ITEMS = 1024  # split-KV work items a fixed-size plan holds
+WRITE_CHUNK = 64  # new tokens of a row one cache-write chunk holds
 
 
 class SequencesPastGridLimitDropped(ReferenceBackend):
@@ -112,9 +113,63 @@ class LseRowsShiftedByPadding(ReferenceBackend):
         return out, torch.roll(lse, shifts=padded, dims=0) if padded else lse
 
 
+class WriteShiftsHeadsPastChunk(ReferenceBackend):
+    """The cache write of a row's new tokens past its first 64 puts each KV head's K/V in the
+    previous head's place; the step's own output is right (it reads the new tokens as given).
+
+    Source: tenstorrent/tt-metal#54742 (``update_padded_kv_cache`` writes every block past a
+    head boundary into the previous head's rows once the write is deeper than one chunk);
+    vllm-project/vllm#53681 (a cache-write kernel that misread the cache's dims silently
+    corrupted the cache, and only decode outputs showed it).
+    Regime: a later step reading what one step of 65+ new tokens of a row wrote, with 2+ KV
+    heads, in an unquantized cache: a prefill or chunk past a query tile, then a decode.
+    Single steps, writes of 64 tokens or fewer, and FP8 caches (a quantizing write of its
+    own) are exact.
+    """
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        layer_idx: int,
+        *,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        result = super().forward(query, key, value, layer_idx, out=out)
+        self._shift_heads(layer_idx)
+        return result
+
+    def forward_with_lse(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_idx: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        result = super().forward_with_lse(query, key, value, layer_idx)
+        self._shift_heads(layer_idx)
+        return result
+
+    def _shift_heads(self, layer_idx: int) -> None:
+        step, cache = self._step, self._caches[layer_idx]
+        assert step is not None
+        starts, slots = step.checked.query_start, step.checked.slots
+        deep = [
+            token
+            for row in range(len(starts) - 1)
+            for token in range(starts[row] + WRITE_CHUNK, starts[row + 1])
+            if slots[token] != -1
+        ]
+        if not deep or self.num_kv_heads < 2 or self.variant.cache_dtype is not None:
+            return  # an FP8 cache has its own (quantizing) write path
+        written = dict(zip(step.write_tokens.tolist(), step.write_rows.tolist(), strict=True))
+        rows = torch.tensor([written[t] for t in deep], device=step.write_rows.device)
+        for tensor in (cache.key_nhd, cache.value_nhd):
+            stored = take_rows(tensor, rows)
+            put_rows(tensor, rows, torch.cat([stored[:, 1:], stored[:, -1:]], dim=1))
+
+
 COMBINATION_MUTANTS: tuple[type, ...] = (
     SequencesPastGridLimitDropped,
     SplitWorkPastPlanDropped,
     LseOfFirstSplitOnly,
     LseRowsShiftedByPadding,
+    WriteShiftsHeadsPastChunk,
 )

@@ -118,6 +118,7 @@ EXPECTED: dict[str, frozenset[str]] = {
     "SplitWorkPastPlanDropped": frozenset({"sequences", "context", "tokens", PROPERTY}),
     "LseOfFirstSplitOnly": frozenset({"context", PROPERTY}),
     "LseRowsShiftedByPadding": frozenset({"padding", PROPERTY}),
+    "WriteShiftsHeadsPastChunk": frozenset({"query", "heads", PROPERTY}),
 }
 
 
