@@ -189,6 +189,33 @@ def test_padding_rows_write_nothing_and_carry_no_history() -> None:
     assert torch.isfinite(built.queries[0]).all()
 
 
+def test_one_token_padding_rows_read_the_rank_padding_page() -> None:
+    from harness import Capabilities
+    from harness.core.kv_pages import PoolLayout, dp_page_range
+    from harness.dist.claims import fit_claim
+    from harness.dist.schedule import rank_caches
+
+    setup = fit_claim(DistSetup(dp_size=2, seed=1), Capabilities(padding_convention="one-token"))
+    assert setup.padding_convention == "one-token"
+    assert setup.pages_per_rank == DistSetup(dp_size=2).pages_per_rank + 1
+    schedule = RankSchedule(setup, 1, keep_history=True)
+    schedule.plan(0)
+    built = schedule.build(0, 2)
+    assert built.step is not None
+    padding_page = dp_page_range(setup.total_pages, 2, 1).start
+    rows = built.step.rows[-2:]
+    assert [(r.seq_id, r.seq_len, r.query_len, r.pages) for r in rows] == [
+        (None, 1, 1, (padding_page,))
+    ] * 2
+    assert built.step.metadata.slot_mapping[-2:].tolist() == [-1, -1]
+    assert all(padding_page not in r.pages for r in built.step.rows[:-2])
+    for layout in PoolLayout:
+        cache = rank_caches(setup, 1, layout)[0]
+        local = padding_page - cache.page_offset
+        assert (cache.key[local] == 0).all()
+        assert cache.key[local + 1].isnan().all()
+
+
 def test_setup_refuses_bad_geometry() -> None:
     with pytest.raises(ValueError, match="num_heads"):
         DistSetup(dp_size=2, num_heads=6, num_kv_heads=4)

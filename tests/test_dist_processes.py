@@ -97,6 +97,18 @@ def test_a_backend_that_writes_padding_rows_is_caught_by_the_canary(
     assert_no_process_left(record)
 
 
+def test_a_backend_that_pads_with_one_token_rows_runs_them_on_every_rank(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = f"{ROOT / 'tests' / 'test_padding_convention.py'}:OneTokenPadding"
+    code, record, text = run_dist(
+        tmp_path, "--dp-size", "2", "--backend", spec, "--steps", "6", "--graph", capsys=capsys,
+    )  # fmt: skip
+    assert code == 0, text
+    assert any(s["padded"] > max(s["counts"]) for s in record["summary"]["steps"])
+    assert_no_process_left(record)
+
+
 @pytest.mark.parametrize(
     ("fault", "dp_size", "expected"),
     [  # each fault once, both group sizes among them: the launcher's handling is one

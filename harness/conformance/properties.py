@@ -206,7 +206,10 @@ def check_partition_respected(entry: BackendEntry, ranks: Sequence[Scenario]) ->
     per_rank = max(sum(pages_needed(c + steps, s.page_size) for c in s.context_lens) for s in ranks)
     dp_size, total = ranks[0].dp_size, ranks[0].total_pages
     total = max(total, per_rank * dp_size + total % dp_size)  # room to decode
-    group = [replace(s, layout=PoolLayout.SHARED, total_pages=total) for s in ranks]
+    group = [  # no padding rows here: every page is the ranks' to use
+        replace(s, layout=PoolLayout.SHARED, total_pages=total, padding_convention="empty")
+        for s in ranks
+    ]
     first = group[0]
     pool = PagePool(first.total_pages, first.dp_size, shuffle_seed=first.seed)
     caches = scenario_caches(first)

@@ -84,7 +84,7 @@ def conformance_machine(
 ) -> type[RuleBasedStateMachine]:
     """A state machine class bound to ``entry``, drawing inside its capabilities.
 
-    One run in ``budget.production_rate`` has a production shape
+    One run in three has a production shape
     (``run_shapes``); the rest are small, and shrinking lands there.
     With ``costs`` (a backend that runs interpreted), a step larger than the
     test's step cap (``CostLedger.step_cap``: its part of the budget spread
@@ -123,8 +123,14 @@ def conformance_machine(
             self.shape = shape
             self.max_context = shape.max_context
             per_rank = MAX_LIVE * pages_needed(self.max_context, g.page_size)
+            per_rank += g.reserves_padding_page
             total = per_rank * dp_size + extra % dp_size
-            pool = PagePool(total, dp_size, shuffle_seed=0 if shuffle else None)
+            pool = PagePool(
+                total,
+                dp_size,
+                shuffle_seed=0 if shuffle else None,
+                padding_pages=g.reserves_padding_page,
+            )
             self.group = replace(g, total_pages=total, dp_size=dp_size, layout=layout)
             shared = scenario_caches(self.group) if layout is PoolLayout.SHARED else None
             gen = torch.Generator().manual_seed(total)

@@ -1,7 +1,7 @@
 """What one stateful run is made of: its geometry, DP group, longest context, prompts, chunks.
 
-Most runs are small (``Budget``'s sizes), where shrinking lands. One run in
-``Budget.production_rate`` takes a production geometry
+Two runs in three are small (``Budget``'s sizes), where shrinking lands. The
+others take a production geometry
 (``harness.conformance.strategies.production_geometries``) and prompts on
 both sides of the kernels' thresholds (64 .. 4096 keys, page boundaries),
 prefilled whole or in chunks past 64- and 128-row tiles, then decoded over
@@ -34,6 +34,10 @@ STATEFUL_REGIMES = ("split-kv", "long-context", "page-sizes", "head-geometry", "
 """The production regimes whose thresholds a sequence crosses as it grows step by step."""
 CHUNKS = (63, 64, 65, 127, 128, 129, 256, 257)
 """Chunked-prefill sizes of a production run: both sides of a kernel's query tiles."""
+PRODUCTION_ONE_IN = 3
+"""Runs of a production shape: one in this many (at most ``Budget.production_rate``). A run
+is a few seconds at most, and a bug in what one step writes and a later one reads at
+production sizes shows only here and in the partition property."""
 DECODE_ROOM = 4
 """Tokens every prompt leaves free below the longest context, to decode."""
 
@@ -79,8 +83,8 @@ def production_context(g: Scenario, dp_size: int, limit: CostLimit, claimed: int
 def run_shapes(
     draw: st.DrawFn, caps: Capabilities, budget: Budget, device: str, max_dp: int
 ) -> RunShape:
-    """A small run, or one in ``budget.production_rate`` a production one, inside ``caps``."""
-    rate = budget.production_rate
+    """A small run, or one in ``PRODUCTION_ONE_IN`` a production one, inside ``caps``."""
+    rate = min(budget.production_rate, PRODUCTION_ONE_IN) if budget.production_rate else 0
     claimed = caps.max_seq_len or LONG_CONTEXT
     if rate and draw(balanced(range(rate))) == rate - 1:
         regime = draw(balanced(STATEFUL_REGIMES))

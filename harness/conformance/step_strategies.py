@@ -115,9 +115,10 @@ def _logit_offsets(
     return tuple(draw(balanced(menu)) for _ in range(rows))
 
 
-def _pool_size(draw: st.DrawFn, needed: int, dp_size: int) -> int:
-    """A pool whose smallest rank range holds ``needed`` pages; divisible by dp_size or not."""
-    per_rank = needed + draw(st.integers(0, 3))
+def _pool_size(draw: st.DrawFn, base: Scenario, needed: int, dp_size: int) -> int:
+    """A pool whose smallest rank range holds ``needed`` pages, and ``base``'s padding page
+    where it reserves one; divisible by dp_size or not."""
+    per_rank = needed + base.reserves_padding_page + draw(st.integers(0, 3))
     return per_rank * dp_size + draw(st.integers(0, dp_size - 1))
 
 
@@ -156,7 +157,7 @@ def _step_options(
         pad_to = len(contexts) + draw(st.integers(0, 2))
     if total_pages is None:
         needed = _pages_for(contexts, base.page_size, shared_pages)
-        total_pages = _pool_size(draw, needed, dp_size)
+        total_pages = _pool_size(draw, base, needed, dp_size)
     drawn = replace(
         base,
         context_lens=contexts,
@@ -308,7 +309,7 @@ def production_scenarios(
         dp_size = draw(st.integers(min_dp_size, min(max_dp, max(min_dp_size, 4))))
         dp_rank = draw(st.integers(0, dp_size - 1))
     needed = _pages_for(contexts, base.page_size)
-    total, layout = _pool_size(draw, needed, dp_size), None
+    total, layout = _pool_size(draw, base, needed, dp_size), None
     if regime == "dp-groups" and draw(balanced((True, True, False))):  # mostly ids past int16
         found = _large_pool(draw, base, needed, dp_size, dp_rank, limit)
         if found is not None:
@@ -361,7 +362,7 @@ def multi_rank_scenarios(
         for _ in range(first.dp_size)
     ]
     needed = max(_pages_for(contexts, first.page_size) for contexts, _ in rows)
-    total = _pool_size(draw, needed, first.dp_size)
+    total = _pool_size(draw, first, needed, first.dp_size)
     return _group(first, rows, total)
 
 
@@ -411,7 +412,7 @@ def _production_group(
     while len(rows) < first.dp_size:
         rows.append(draw(production_batches(regime, first, share, caps.max_seq_len)))
     needed = max(_pages_for(contexts, first.page_size) for contexts, _ in rows)
-    total = _pool_size(draw, needed, first.dp_size)
+    total = _pool_size(draw, first, needed, first.dp_size)
     slots = first.page_size * first.num_kv_heads * first.head_dim
     layout = PoolLayout.PER_RANK if total * slots > limit.cache_elements else first.layout
     return [replace(s, layout=layout) for s in _group(first, rows, total)]

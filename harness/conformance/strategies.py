@@ -276,6 +276,7 @@ def geometries(
         magnitude=magnitude,
         causal=not draw(st.booleans()) if caps.non_causal else True,  # shrinks to causal
         device=device,
+        padding_convention=caps.padding_convention,
     )
     return with_variant(draw, caps, geometry)
 
@@ -382,6 +383,7 @@ def production_geometries(
         scale=None,
         causal=not draw(st.booleans()) if caps.non_causal else True,
         device=device,
+        padding_convention=caps.padding_convention,
     )
     geometry = with_variant(draw, caps, geometry, PRODUCTION_WINDOWS)
     scaled = replace(geometry, scale=draw(balanced(MODEL_SCALES)))  # a served model's scale

@@ -101,7 +101,9 @@ class BatchBuilder:
         """Metadata for ``(seq_id, query_len)`` requests, then mark their tokens cached.
 
         ``pad_to`` appends graph-mode padding rows (``seq_len`` 0, block row
-        and slots of -1, ``pad_query_len`` tokens each) up to that batch size.
+        and slots of -1, ``pad_query_len`` tokens each) up to that batch size;
+        a pool with padding pages pads as engines' captured graphs do instead
+        (``seq_len`` 1 over the rank's padding page, one token, slot -1).
         Pages for all requests are allocated before anything changes, so an
         ``OutOfPages`` leaves the builder as it was.
         """
@@ -125,7 +127,9 @@ class BatchBuilder:
             state.cached_len += query_len
             rows.append(StepRow(seq_id, state.cached_len, query_len, tuple(state.pages)))
         padding = 0 if pad_to is None else pad_to - len(rows)
-        rows.extend(StepRow(None, 0, pad_query_len, ()) for _ in range(padding))
+        page = self.pool.padding_page(self.rank)
+        pad = StepRow(None, 0, pad_query_len, ()) if page is None else StepRow(None, 1, 1, (page,))
+        rows.extend(pad for _ in range(padding))
         return Step(build_metadata(rows, self.page_size, causal=causal, device=device), tuple(rows))
 
 

@@ -18,6 +18,12 @@ VARIANT_FEATURES = ("sliding_window", "soft_cap", "sinks", "alibi", "fp8")
 """The names ``Capabilities.incompatible`` pairs: the variant flags, and an FP8 cache."""
 PADDING_ROWS = ("unspecified", "finite", "zero")
 """What ``Capabilities.padding_rows`` may promise of graph-mode padding rows' outputs."""
+PADDING_CONVENTIONS = ("empty", "one-token")
+"""How graph-mode padding rows come (``Capabilities.padding_convention``): ``empty`` is the
+contract's (``seq_len`` 0, a block-table row of -1); ``one-token`` is vLLM's and SGLang's
+captured graphs' (``seq_len`` 1, one new token, block-table entry 0 the rank's padding
+page: the first of its range, never given to a sequence and holding zeros). Slots are -1
+in both: a padding row writes nothing."""
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -148,6 +154,9 @@ class Capabilities:
     # What graph-mode padding rows' outputs hold: "unspecified" (the contract's default:
     # never checked), "finite" (an engine may feed them to later layers) or "zero".
     padding_rows: str = "unspecified"
+    # How graph-mode padding rows come: "empty" (seq_len 0, the contract's) or "one-token"
+    # (seq_len 1 over the rank's zero-filled padding page, as engines' captured graphs pad).
+    padding_convention: str = "empty"
 
     def __post_init__(self) -> None:
         for pair in self.incompatible:
@@ -170,6 +179,11 @@ class Capabilities:
                 )
         if self.soft_cap_logit_bound is not None and not self.soft_cap_logit_bound > 0:
             raise ValueError("Capabilities(soft_cap_logit_bound=...) must be > 0")
+        if self.padding_convention not in PADDING_CONVENTIONS:
+            raise ValueError(
+                "Capabilities(padding_convention=...) must be one of "
+                f"{', '.join(PADDING_CONVENTIONS)}, got {self.padding_convention!r}"
+            )
         if self.padding_rows not in PADDING_ROWS:
             raise ValueError(
                 f"Capabilities(padding_rows=...) must be one of {', '.join(PADDING_ROWS)}, "

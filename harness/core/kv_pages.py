@@ -71,14 +71,16 @@ class PagePool:
         *,
         shuffle_seed: int | None = None,
         from_top: bool = False,
+        padding_pages: bool = False,
     ) -> None:
         dp_page_range(total_pages, dp_size, 0)  # validates all three arguments
         self.total_pages = total_pages
         self.dp_size = dp_size
         self.ranges = [dp_page_range(total_pages, dp_size, r) for r in range(dp_size)]
+        self.padding_pages = padding_pages
         self._free: list[list[int]] = []
         for page_range in self.ranges:
-            pages = list(page_range)
+            pages = list(page_range)[1:] if padding_pages else list(page_range)
             if shuffle_seed is not None:
                 random.Random(shuffle_seed * 1_000_003 + page_range.start).shuffle(pages)
             if not from_top:  # from_top: a pool whose low pages are taken by others
@@ -89,6 +91,11 @@ class PagePool:
     def rank_range(self, rank: int) -> range:
         self._check_rank(rank)
         return self.ranges[rank]
+
+    def padding_page(self, rank: int) -> int | None:
+        """The page ``rank``'s padding rows read (``None`` unless ``padding_pages``)."""
+        self._check_rank(rank)
+        return self.ranges[rank].start if self.padding_pages else None
 
     def num_free(self, rank: int) -> int:
         self._check_rank(rank)
@@ -149,6 +156,17 @@ class PagePool:
     def _check_rank(self, rank: int) -> None:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.dp_size:
             raise ValueError(f"rank must be an int in [0, {self.dp_size}), got {rank!r}")
+
+
+def zero_padding_pages(cache: LayerCache, total_pages: int, dp_size: int) -> None:
+    """Zero every rank's padding page (``PagePool.padding_page``) that ``cache`` holds, as an
+    engine's never-written null block is: a padding row reading one token there reads zeros."""
+    held = range(cache.page_offset, cache.page_offset + cache.key.shape[0])
+    for rank in range(dp_size):
+        page = dp_page_range(total_pages, dp_size, rank).start
+        if page in held:
+            cache.key[page - cache.page_offset].zero_()
+            cache.value[page - cache.page_offset].zero_()
 
 
 def make_layer_caches(

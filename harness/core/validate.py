@@ -382,6 +382,8 @@ def _check_row(
     if len(set(pages)) != len(pages):
         twice = next(p for p in pages if pages.count(p) > 1)
         raise MetadataError("block_table", f"row {row} uses page {twice} twice")
+    if graph_mode and row_slots and all(s == -1 for s in row_slots):
+        return pages  # a padding row in engines' one-token form: it reads, and writes nothing
     for j, slot in enumerate(row_slots):
         pos = length - q_len + j
         expect = pages[pos // page_size] * page_size + pos % page_size

@@ -12,12 +12,15 @@ from harness.dist.schedule import DistSetup
 
 
 def fit_claim(setup: DistSetup, caps: Any) -> DistSetup:
-    """The run's page size and head dim moved inside the backend's claim, where it has one.
+    """The run's page size and head dim moved inside the backend's claim, where it has one,
+    and its padding rows in the backend's form.
 
     A backend that claims no page size 16 or head dim 32 is not wrong: the run
     takes the claimed value nearest to them instead of refusing it.
     """
-    changes = {}
+    changes: dict[str, Any] = {}
+    if setup.padding_convention != caps.padding_convention:
+        changes["padding_convention"] = caps.padding_convention
     rules = (
         ("page_size", caps.page_sizes, caps.allows_page_size, caps.page_size_multiple, 1),
         ("head_dim", caps.head_dims, caps.allows_head_dim, caps.head_dim_multiple, caps.min_head_dim),

@@ -18,7 +18,13 @@ import torch
 
 from harness.core.batches import BatchBuilder, Step
 from harness.core.contract import LayerCache
-from harness.core.kv_pages import PagePool, PoolLayout, make_layer_caches, pages_needed
+from harness.core.kv_pages import (
+    PagePool,
+    PoolLayout,
+    make_layer_caches,
+    pages_needed,
+    zero_padding_pages,
+)
 from harness.numerics.oracle import SequenceKV
 
 SEED_MODULUS = 2**63 - 1
@@ -45,6 +51,7 @@ class DistSetup:
     max_prompt: int = 48
     chunk: int = 16  # prefill chunk: longer prompts are prefilled over several steps
     max_decode: int = 12  # tokens a sequence decodes before it finishes
+    padding_convention: str = "empty"  # the backend's (``Capabilities.padding_convention``)
 
     def __post_init__(self) -> None:
         for name in ("dp_size", "steps", "num_heads", "num_kv_heads", "head_dim", "page_size"):
@@ -72,9 +79,16 @@ class DistSetup:
         return self.max_prompt + self.max_decode
 
     @property
+    def padding_pages(self) -> bool:
+        """Whether each rank holds back a padding page for one-token padding rows."""
+        return self.padding_convention == "one-token"
+
+    @property
     def pages_per_rank(self) -> int:
-        """Enough for ``max_running`` sequences at their longest, plus a spare page."""
-        return self.max_running * pages_needed(self.longest, self.page_size) + 1
+        """Enough for ``max_running`` sequences at their longest, a spare page, and the
+        padding page where the backend pads with one-token rows."""
+        sequences = self.max_running * pages_needed(self.longest, self.page_size)
+        return sequences + 1 + self.padding_pages
 
     @property
     def total_pages(self) -> int:
@@ -125,7 +139,7 @@ class RankSchedule:
         self.setup = setup
         self.rank = rank
         self.keep_history = keep_history
-        self.pool = PagePool(setup.total_pages, setup.dp_size)
+        self.pool = PagePool(setup.total_pages, setup.dp_size, padding_pages=setup.padding_pages)
         self.builder = BatchBuilder(self.pool, rank, setup.page_size)
         self._draw = random.Random(setup.seed * 1_000_003 + rank)
         self._running: list[_Running] = []
@@ -236,8 +250,9 @@ class RankSchedule:
 
 
 def rank_caches(setup: DistSetup, rank: int, layout: PoolLayout) -> list[LayerCache]:
-    """NaN-filled caches: ``rank``'s own pages (per-rank layout) or the whole pool (shared)."""
-    return make_layer_caches(
+    """NaN-filled caches: ``rank``'s own pages (per-rank layout) or the whole pool (shared);
+    padding pages zero-filled."""
+    caches = make_layer_caches(
         num_layers=setup.num_layers,
         total_pages=setup.total_pages,
         page_size=setup.page_size,
@@ -249,3 +264,7 @@ def rank_caches(setup: DistSetup, rank: int, layout: PoolLayout) -> list[LayerCa
         dp_size=setup.dp_size,
         dp_rank=rank,
     )
+    if setup.padding_pages:
+        for cache in caches:
+            zero_padding_pages(cache, setup.total_pages, setup.dp_size)
+    return caches

@@ -19,7 +19,14 @@ import torch
 from harness.core.batches import BatchBuilder, Step
 from harness.core.contract import AttentionBackend, LayerCache
 from harness.core.dtypes import dtype_name
-from harness.core.kv_pages import PagePool, PoolLayout, make_layer_caches, token_slots, write_tokens
+from harness.core.kv_pages import (
+    PagePool,
+    PoolLayout,
+    make_layer_caches,
+    token_slots,
+    write_tokens,
+    zero_padding_pages,
+)
 from harness.core.registry import (
     BackendEntry,
     DPBackendConfig,
@@ -60,6 +67,7 @@ class Scenario:
     layout: PoolLayout = PoolLayout.SHARED
     pad_to: int | None = None  # graph-mode padding rows up to this batch size
     pad_query_len: int = 1
+    padding_convention: str = "empty"  # "one-token": padding rows read each rank's padding page
     shuffle_pages: bool = False
     shared_prefix: int = 0
     noncontiguous: bool = False  # hand forward strided views instead of dense tensors
@@ -87,6 +95,11 @@ class Scenario:
         return self.pad_to is not None
 
     @property
+    def reserves_padding_page(self) -> bool:
+        """Whether each rank's first page is held back for ``one-token`` padding rows."""
+        return self.padding_convention == "one-token"
+
+    @property
     def shared_pages(self) -> int:
         """Whole pages of the first sequence that the others share."""
         return self.shared_prefix // self.page_size
@@ -101,6 +114,7 @@ class Scenario:
             name
             for name, on in (
                 ("graph", self.graph_mode),
+                ("pad=one-token", self.graph_mode and self.reserves_padding_page),
                 ("non-causal", not self.causal),
                 ("shuffled", self.shuffle_pages),
                 ("strided", self.noncontiguous),
@@ -270,11 +284,20 @@ def _build_step(s: Scenario, pool: PagePool) -> Step:
 def scenario_pool(scenario: Scenario) -> PagePool:
     """The page pool of the scenario's DP group (shuffled when it says so)."""
     seed = scenario.seed if scenario.shuffle_pages else None
-    return PagePool(scenario.total_pages, scenario.dp_size, shuffle_seed=seed)
+    return PagePool(
+        scenario.total_pages,
+        scenario.dp_size,
+        shuffle_seed=seed,
+        padding_pages=scenario.reserves_padding_page,
+    )
 
 
 def scenario_caches(scenario: Scenario, **overrides: Any) -> list[LayerCache]:
-    """NaN-filled caches of the scenario's rank in its layout; overrides for negative tests."""
+    """NaN-filled caches of the scenario's rank in its layout; overrides for negative tests.
+
+    Padding pages (``Scenario.reserves_padding_page``) hold zeros, as an engine's null
+    block does: a padding row that reads one token there reads a finite one.
+    """
     s = scenario
     args: dict[str, Any] = dict(
         num_layers=s.num_layers,
@@ -290,7 +313,11 @@ def scenario_caches(scenario: Scenario, **overrides: Any) -> list[LayerCache]:
         combined_kv=s.combined_kv,
         cache_layout=s.cache_layout,
     )
-    return make_layer_caches(**(args | overrides))
+    caches = make_layer_caches(**(args | overrides))
+    if s.reserves_padding_page:
+        for cache in caches:
+            zero_padding_pages(cache, s.total_pages, s.dp_size)
+    return caches
 
 
 def backend_for(entry: BackendEntry, scenario: Scenario, **kwargs: Any) -> Any:
