@@ -11,10 +11,15 @@ import torch
 from harness.core.contract import LayerCache
 
 
-def bits(tensor: torch.Tensor) -> torch.Tensor:
-    """Bit patterns, so NaN canaries compare equal to themselves."""
+def _bit_view(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s bit patterns, a view where it lives on the CPU (a copy elsewhere)."""
     as_int = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()]
-    return tensor.detach().view(as_int).cpu().clone()
+    return tensor.detach().view(as_int).cpu()
+
+
+def bits(tensor: torch.Tensor) -> torch.Tensor:
+    """Bit patterns, so NaN canaries compare equal to themselves (a copy, kept)."""
+    return _bit_view(tensor).clone()
 
 
 def snapshot(caches: list[LayerCache]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -30,7 +35,10 @@ def changed_slots(
     for cache, (key, value) in zip(caches, before, strict=True):
         rows = set()
         for now, old in ((cache.key_nhd, key), (cache.value_nhd, value)):
-            diff = (bits(now) != old).flatten(0, 1).flatten(1).any(-1)
+            current = _bit_view(now)
+            if torch.equal(current, old):  # most layers of most calls: one pass, no copy
+                continue
+            diff = (current != old).flatten(0, 1).flatten(1).any(-1)
             rows |= {
                 r + cache.page_offset * cache.page_size for r in diff.nonzero().flatten().tolist()
             }
