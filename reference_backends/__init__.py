@@ -1,7 +1,7 @@
 """Built-in attention backends, registered by name through ``BUILTIN_BACKENDS``.
 
-``sglang-triton`` and ``vllm-triton`` are engines' kernels behind adapters:
-each claims a device only where its engine is installed.
+``sglang-triton``, ``vllm-triton`` and ``vllm-cpu`` are engines' kernels behind
+adapters: each claims a device only where its engine is installed.
 
 The registry reads this mapping on first use; importing this package does
 not touch any registry.
@@ -15,6 +15,7 @@ from reference_backends.reference import ReferenceBackend
 from reference_backends.sdpa import SdpaBackend
 from reference_backends.sglang_triton import SglangTritonBackend
 from reference_backends.triton_backend import TritonBackend
+from reference_backends.vllm_cpu import VllmCpuBackend
 from reference_backends.vllm_triton import VllmTritonBackend
 
 BUILTIN_BACKENDS: dict[str, type] = {
@@ -24,6 +25,7 @@ BUILTIN_BACKENDS: dict[str, type] = {
     "sdpa": SdpaBackend,
     "sglang-triton": SglangTritonBackend,
     "triton": TritonBackend,
+    "vllm-cpu": VllmCpuBackend,
     "vllm-triton": VllmTritonBackend,
 }
 
@@ -35,5 +37,6 @@ __all__ = [
     "SdpaBackend",
     "SglangTritonBackend",
     "TritonBackend",
+    "VllmCpuBackend",
     "VllmTritonBackend",
 ]

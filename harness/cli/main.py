@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import json
 import sys
+import textwrap
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -64,7 +65,14 @@ def _describe(entry: BackendEntry) -> dict[str, object]:
         "non_causal": caps.non_causal,
         "max_dp_size": _any(caps.max_dp_size),
         "variants": _variants(caps),
+        "unavailable": _unavailable(entry),
     }
+
+
+def _unavailable(entry: BackendEntry) -> str | None:
+    """Why an installed-package backend cannot run here (its ``unavailable_reason()``)."""
+    reason = getattr(entry.cls, "unavailable_reason", None)
+    return reason() if callable(reason) else None
 
 
 def _variants(caps: Any) -> list[str]:
@@ -137,6 +145,10 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(json.dumps({"backends": described, "load_errors": errors}, indent=2))
         return EXIT_OK
     print("\n".join(_list_lines(described, terminal_width())))
+    for backend in described:
+        if backend["unavailable"]:
+            text = f"{backend['name']}: unavailable here: {backend['unavailable']}"
+            print(textwrap.fill(text, terminal_width(), subsequent_indent="  "))
     for name, problem in sorted(errors.items()):
         print(f"warning: entry point {name!r} not loaded: {problem}", file=sys.stderr)
     return EXIT_OK

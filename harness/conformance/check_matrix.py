@@ -23,7 +23,13 @@ from harness.core.dtypes import dtype_name
 from harness.core.errors import Unsupported
 from harness.core.kv_pages import PoolLayout, pages_needed
 from harness.core.registry import BackendEntry
-from harness.numerics.scenario import Scenario, backend_for, check_outputs, make_step_inputs
+from harness.numerics.scenario import (
+    Scenario,
+    backend_for,
+    check_outputs,
+    engine_conventions,
+    make_step_inputs,
+)
 
 BATCHES: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "decode": ((7, 12, 1, 20), (1, 1, 1, 1)),
@@ -131,6 +137,8 @@ def quick_scenarios(caps: Capabilities) -> Iterator[tuple[str, Scenario]]:
                 total_pages=_total_pages(page_size, coverage.max_dp),
                 num_layers=coverage.num_layers,
                 dtype=dtype,
+                cache_layout=caps.cache_layouts[0],
+                **engine_conventions(caps),
             )
             for batch, (contexts, queries) in BATCHES.items():
                 for dp_size in range(1, coverage.max_dp + 1):

@@ -42,7 +42,7 @@ from harness.core.contract import Capabilities
 from harness.core.dtypes import dtype_name
 from harness.core.kv_pages import pages_needed
 from harness.core.variants import AttentionVariant, alibi_slopes_for
-from harness.numerics.scenario import Scenario
+from harness.numerics.scenario import Scenario, engine_conventions
 from harness.numerics.value_regimes import VALUE_REGIMES, regime_magnitude, regime_scale
 
 PAIRS = (
@@ -202,8 +202,8 @@ class _Step:
             query_lens=(query, *(1,) * (rows - 1)),
             dtype=dtype,
             pad_to=rows + 1 if self.feature == "graph-padded" else None,
-            padding_convention=caps.padding_convention,
             cache_layout=caps.cache_layouts[0],
+            **engine_conventions(caps),
             seed=seed,
             device=device,
         )

@@ -19,7 +19,7 @@ import torch
 from harness.core.batches import BatchBuilder, Step
 from harness.core.contract import LayerCache
 from harness.core.errors import PropertyFailure
-from harness.numerics.cache_readback import quantized_write_problem, stored_sequences
+from harness.numerics.cache_readback import stored_sequences, write_problem
 from harness.numerics.canary import changed_slots, snapshot
 from harness.numerics.oracle import SequenceKV, references
 from harness.numerics.scenario import Scenario, fit_fp8
@@ -129,13 +129,14 @@ class RankSteps:
                     f"{where} changed layer {index} slots {sorted(changed - expect)[:8]}, "
                     f"missed {sorted(expect - changed)[:8]}"
                 )
-        if g.variant.quantized:  # the oracle reads what the backend stored, once checked
+        if g.variant.quantized or g.owned_format is not None:  # read back what it stored
             slots_tensor = torch.tensor(slots)
-            problem = quantized_write_problem(
+            problem = write_problem(
                 self.caches[layer], slots_tensor, torch.cat(new_k), torch.cat(new_v), g.variant
             )
             if problem is not None:
                 raise PropertyFailure(f"{where}: {problem}")
+        if g.variant.quantized:  # the oracle reads what the backend stored, once checked
             seqs = stored_sequences(self.caches[layer], built.rows, seqs, g.variant)
         exact, naive = references(
             query,

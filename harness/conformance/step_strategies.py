@@ -171,7 +171,7 @@ def _step_options(
         shuffle_pages=draw(st.booleans()),
         shared_prefix=shared_prefix,
         noncontiguous=draw(st.booleans()),
-        combined_kv=draw(st.booleans()),
+        combined_kv=draw(st.booleans()) and base.owned_format is None,  # a format's own
         planted_keys=_planted_keys(draw, caps, base),
         logit_offsets=_logit_offsets(draw, base, len(contexts), caps),
         seed=draw(st.integers(0, 2**16)),

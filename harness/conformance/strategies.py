@@ -50,7 +50,7 @@ from harness.conformance.production_shapes import (
 from harness.core.contract import VARIANT_FEATURES, Capabilities
 from harness.core.kv_pages import pages_needed
 from harness.core.variants import AttentionVariant, alibi_slopes_for
-from harness.numerics.scenario import Scenario, logit_reach
+from harness.numerics.scenario import Scenario, engine_conventions, logit_reach
 
 T = TypeVar("T")
 PAGE_SIZES = (2, 1, 3, 4, 5, 7, 8, 16)  # first is where shrinking lands
@@ -276,7 +276,7 @@ def geometries(
         magnitude=magnitude,
         causal=not draw(st.booleans()) if caps.non_causal else True,  # shrinks to causal
         device=device,
-        padding_convention=caps.padding_convention,
+        **engine_conventions(caps),
     )
     return with_variant(draw, caps, geometry)
 
@@ -383,7 +383,7 @@ def production_geometries(
         scale=None,
         causal=not draw(st.booleans()) if caps.non_causal else True,
         device=device,
-        padding_convention=caps.padding_convention,
+        **engine_conventions(caps),
     )
     geometry = with_variant(draw, caps, geometry, PRODUCTION_WINDOWS)
     scaled = replace(geometry, scale=draw(balanced(MODEL_SCALES)))  # a served model's scale

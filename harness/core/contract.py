@@ -13,11 +13,18 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from harness.core.page_formats import PageFormat
+
 DEFAULT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
 VARIANT_FEATURES = ("sliding_window", "soft_cap", "sinks", "alibi", "fp8")
 """The names ``Capabilities.incompatible`` pairs: the variant flags, and an FP8 cache."""
 PADDING_ROWS = ("unspecified", "finite", "zero")
 """What ``Capabilities.padding_rows`` may promise of graph-mode padding rows' outputs."""
+UNUSED_CACHE = ("any", "finite")
+"""What a backend's engine keeps in cache memory no token occupies (``Capabilities.unused_cache``):
+``any`` (the contract: garbage, NaN included; the suites fill it with NaN) or ``finite``
+(an engine that zero-fills its cache and writes finite K/V only: the suites fill it with
+large finite stale values, which still fail a kernel that reads them into an output)."""
 PADDING_CONVENTIONS = ("empty", "one-token")
 """How graph-mode padding rows come (``Capabilities.padding_convention``): ``empty`` is the
 contract's (``seq_len`` 0, a block-table row of -1); ``one-token`` is vLLM's and SGLang's
@@ -40,6 +47,11 @@ class LayerCache:
     ``key``/``value`` may be strided views (engines pass the halves of one
     ``[num_pages, 2, page_size, num_kv_heads, head_dim]`` tensor), so a backend
     writes through the given tensors, never through a reshaped copy.
+
+    A backend that owns its page format (``Capabilities.page_format``) gets
+    caches whose ``layout`` is the format's name, whose ``storage`` is the
+    engine's own tensor, and whose ``key``/``value`` are NHD views into it
+    (``harness.core.page_formats``).
     """
 
     key: torch.Tensor
@@ -47,6 +59,7 @@ class LayerCache:
     page_offset: int = 0
     total_pages: int | None = None
     layout: str = "NHD"
+    storage: torch.Tensor | None = None  # an engine-owned format's own tensor
 
     @property
     def key_nhd(self) -> torch.Tensor:
@@ -157,6 +170,12 @@ class Capabilities:
     # How graph-mode padding rows come: "empty" (seq_len 0, the contract's) or "one-token"
     # (seq_len 1 over the rank's zero-filled padding page, as engines' captured graphs pad).
     padding_convention: str = "empty"
+    # What unused cache memory holds in the backend's engine: "any" (NaN included: the
+    # suites fill it with NaN) or "finite" (zero-filled, finite K/V only: stale finite values).
+    unused_cache: str = "any"
+    # An engine-owned page format (``harness.core.page_formats.PageFormat``): every cache
+    # the harness makes for the backend comes from it; its name is in ``cache_layouts``.
+    page_format: PageFormat | None = None
 
     def __post_init__(self) -> None:
         for pair in self.incompatible:
@@ -179,6 +198,16 @@ class Capabilities:
                 )
         if self.soft_cap_logit_bound is not None and not self.soft_cap_logit_bound > 0:
             raise ValueError("Capabilities(soft_cap_logit_bound=...) must be > 0")
+        if self.page_format is not None and self.page_format.name not in self.cache_layouts:
+            raise ValueError(
+                f"Capabilities(page_format=...): its name {self.page_format.name!r} must be "
+                f"one of cache_layouts {self.cache_layouts}"
+            )
+        if self.unused_cache not in UNUSED_CACHE:
+            raise ValueError(
+                f"Capabilities(unused_cache=...) must be one of {', '.join(UNUSED_CACHE)}, "
+                f"got {self.unused_cache!r}"
+            )
         if self.padding_convention not in PADDING_CONVENTIONS:
             raise ValueError(
                 "Capabilities(padding_convention=...) must be one of "
@@ -225,7 +254,7 @@ class Capabilities:
         sinks: bool = False,
         alibi: bool = False,
         kv_cache_dtype: str = "auto",
-        cache_layout: str = "NHD",
+        cache_layout: str | None = None,
         out_buffer: bool = False,
         lse: bool = False,
         window: int | None = None,
@@ -271,7 +300,10 @@ class Capabilities:
             (sinks and not self.sinks, "sinks"),
             (alibi and not self.alibi, "alibi_slopes"),
             (kv_cache_dtype not in self.kv_cache_dtypes, f"kv_cache_dtype {kv_cache_dtype!r}"),
-            (cache_layout not in self.cache_layouts, f"cache layout {cache_layout!r}"),
+            (
+                cache_layout is not None and cache_layout not in self.cache_layouts,
+                f"cache layout {cache_layout!r}",
+            ),
             (out_buffer and not self.out_buffer, "forward(out=...)"),
             (lse and not self.lse, "forward_with_lse"),
             (

@@ -15,6 +15,7 @@ import torch
 
 from harness.core.contract import LayerCache
 from harness.core.errors import OutOfPages
+from harness.core.page_formats import PageFormat, check_views
 
 
 def _require_int(name: str, value: object) -> int:
@@ -158,6 +159,18 @@ class PagePool:
             raise ValueError(f"rank must be an int in [0, {self.dp_size}), got {rank!r}")
 
 
+STALE_MAGNITUDE = 8.0
+"""Stale values' scale: eight times the drawn K/V, so a kernel that lets one reach an
+output is far from the oracle, while a product of it with a masked weight of 0 is 0."""
+
+
+def fill_stale(cache: LayerCache, gen: torch.Generator) -> None:
+    """Fill every slot with finite random values, as K/V an earlier sequence left behind."""
+    for tensor in (cache.key_nhd, cache.value_nhd):
+        stale = torch.randn(tensor.shape, generator=gen) * STALE_MAGNITUDE
+        tensor.copy_(stale.to(dtype=tensor.dtype, device=tensor.device))
+
+
 def zero_padding_pages(cache: LayerCache, total_pages: int, dp_size: int) -> None:
     """Zero every rank's padding page (``PagePool.padding_page``) that ``cache`` holds, as an
     engine's never-written null block is: a padding row reading one token there reads zeros."""
@@ -184,6 +197,7 @@ def make_layer_caches(
     fill: float = float("nan"),
     combined_kv: bool = False,
     cache_layout: str = "NHD",
+    page_format: PageFormat | None = None,
 ) -> list[LayerCache]:
     """Cache tensors for one rank in either layout, filled with ``fill``.
 
@@ -193,7 +207,9 @@ def make_layer_caches(
     tensor, as engines do, and hands out its two halves: strided views that a
     backend must write through, since no flat view of them exists.
     ``cache_layout="HND"`` swaps the page-size and head dimensions; ``dtype``
-    may be an FP8 dtype (an FP8 KV cache).
+    may be an FP8 dtype (an FP8 KV cache). With ``page_format`` (a backend's
+    own, ``cache_layout`` its name) each layer comes from the format, filled
+    through its NHD views; ``combined_kv`` is then the format's business.
     """
     if layout is PoolLayout.SHARED:
         offset, held = 0, total_pages
@@ -202,6 +218,11 @@ def make_layer_caches(
         offset, held = page_range.start, len(page_range)
     inner = (num_kv_heads, page_size) if cache_layout == "HND" else (page_size, num_kv_heads)
     shape = (held, *inner, head_dim)
+    if page_format is not None:
+        return [
+            _formatted_cache(page_format, shape, dtype, device, fill, offset, total_pages)
+            for _ in range(num_layers)
+        ]
     caches = []
     for _ in range(num_layers):
         if combined_kv:
@@ -220,6 +241,37 @@ def make_layer_caches(
             )
         )
     return caches
+
+
+def _formatted_cache(
+    fmt: PageFormat,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: str | torch.device,
+    fill: float,
+    page_offset: int,
+    total_pages: int,
+) -> LayerCache:
+    held, page_size, num_kv_heads, head_dim = shape
+    tensors = fmt.allocate(
+        num_pages=held,
+        page_size=page_size,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        device=device,
+    )
+    check_views(tensors, (held, page_size, num_kv_heads, head_dim), fmt)
+    tensors.key.fill_(fill)
+    tensors.value.fill_(fill)
+    return LayerCache(
+        key=tensors.key,
+        value=tensors.value,
+        page_offset=page_offset,
+        total_pages=total_pages,
+        layout=fmt.name,
+        storage=tensors.storage,
+    )
 
 
 def pages_needed(length: int, page_size: int) -> int:

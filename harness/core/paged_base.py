@@ -299,16 +299,27 @@ class PagedBackendBase:
             _check_out_buffer(out, query)
         cache = self._caches[layer_idx]
         if step.write_tokens.numel():
-            # through the bound tensors themselves: they may be views of an engine's buffer
-            new_k = key.index_select(0, step.write_tokens)
-            new_v = value.index_select(0, step.write_tokens)
-            stored = self.variant.cache_dtype
-            if stored is not None:
-                new_k = quantize(new_k, self.variant.k_scale, stored)
-                new_v = quantize(new_v, self.variant.v_scale, stored)
-            put_rows(cache.key_nhd, step.write_rows, new_k)
-            put_rows(cache.value_nhd, step.write_rows, new_v)
+            self.store(cache, step, key, value)
         return cache, step
+
+    def store(
+        self, cache: LayerCache, step: PreparedStep, key: torch.Tensor, value: torch.Tensor
+    ) -> None:
+        """Write the step's new K/V (``step.write_tokens`` of ``key``/``value``) to their rows.
+
+        The default goes through the bound views (quantized for an FP8 cache); a
+        backend with a write op of its own (an engine's, into its own page
+        format) overrides it.
+        """
+        # through the bound tensors themselves: they may be views of an engine's buffer
+        new_k = key.index_select(0, step.write_tokens)
+        new_v = value.index_select(0, step.write_tokens)
+        stored = self.variant.cache_dtype
+        if stored is not None:
+            new_k = quantize(new_k, self.variant.k_scale, stored)
+            new_v = quantize(new_v, self.variant.v_scale, stored)
+        put_rows(cache.key_nhd, step.write_rows, new_k)
+        put_rows(cache.value_nhd, step.write_rows, new_v)
 
     @classmethod
     def capabilities(cls) -> Capabilities:

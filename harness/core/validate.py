@@ -117,9 +117,10 @@ def validate_layer_caches(
             raise CacheBindingError(f"{where}: key and value differ in dtype or device")
         if not cache.key.dtype.is_floating_point:
             raise CacheBindingError(f"{where}: dtype {cache.key.dtype} is not floating point")
-        if cache.layout not in CACHE_LAYOUTS:
+        if cache.layout not in CACHE_LAYOUTS and cache.storage is None:
             raise CacheBindingError(
-                f"{where}: layout {cache.layout!r} is not one of {', '.join(CACHE_LAYOUTS)}"
+                f"{where}: layout {cache.layout!r} is not one of {', '.join(CACHE_LAYOUTS)} "
+                "(a backend-owned page format's caches carry their storage)"
             )
         for name in ("key", "value"):
             tensor = getattr(cache, name)

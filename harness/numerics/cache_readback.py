@@ -45,6 +45,45 @@ def stored_sequences(
     ]
 
 
+def write_problem(
+    cache: LayerCache,
+    slots: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    variant: AttentionVariant,
+) -> str | None:
+    """Why what the cache holds at ``slots`` is not what the step gave (``None``: it is).
+
+    An FP8 cache holds each value within one FP8 step of ``value / scale``
+    (``quantized_write_problem``); any other holds it bit for bit. Read
+    through ``cache.key_nhd``/``value_nhd``: for a backend-owned page format,
+    its views, so a format whose views disagree with its own write op fails.
+    """
+    if variant.quantized:
+        return quantized_write_problem(cache, slots, key, value, variant)
+    written = (slots != -1).nonzero().flatten()
+    if written.numel() == 0:
+        return None
+    rows = local_slots(cache, slots[written].to(torch.long)).to(cache.key.device)
+    for name, tensor, new in (("key", cache.key_nhd, key), ("value", cache.value_nhd, value)):
+        stored = take_rows(tensor, rows).cpu()
+        given = new.detach().cpu().index_select(0, written.cpu()).to(stored.dtype)
+        off = stored.view(_same_size_int(stored)) != given.view(_same_size_int(given))
+        if off.any():
+            token, head, dim = off.nonzero()[0].tolist()
+            return (
+                f"{cache.layout} cache: stored {name} of token {int(written[token])} "
+                f"(head {head}, dim {dim}) reads back as {float(stored[token, head, dim]):.6g}, "
+                f"but the step gave {float(given[token, head, dim]):.6g}; "
+                f"{int(off.any(-1).sum())} (token, head) rows differ"
+            )
+    return None
+
+
+def _same_size_int(tensor: torch.Tensor) -> torch.dtype:
+    return {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()]
+
+
 def quantized_write_problem(
     cache: LayerCache,
     slots: torch.Tensor,

@@ -17,16 +17,18 @@ from typing import Any
 import torch
 
 from harness.core.batches import BatchBuilder, Step
-from harness.core.contract import AttentionBackend, LayerCache
+from harness.core.contract import AttentionBackend, Capabilities, LayerCache
 from harness.core.dtypes import dtype_name
 from harness.core.kv_pages import (
     PagePool,
     PoolLayout,
+    fill_stale,
     make_layer_caches,
     token_slots,
     write_tokens,
     zero_padding_pages,
 )
+from harness.core.page_formats import PageFormat
 from harness.core.registry import (
     BackendEntry,
     DPBackendConfig,
@@ -34,7 +36,7 @@ from harness.core.registry import (
     instantiate_backend,
 )
 from harness.core.variants import PLAIN, AttentionVariant
-from harness.numerics.cache_readback import quantized_write_problem, stored_sequences
+from harness.numerics.cache_readback import stored_sequences, write_problem
 from harness.numerics.oracle import OracleOutput, SequenceKV, references
 from harness.numerics.tolerance import Comparison, compare
 from harness.numerics.value_regimes import RegimeChannels, regime_logit_reach
@@ -80,6 +82,8 @@ class Scenario:
     device: str = "cpu"
     variant: AttentionVariant = PLAIN  # window, soft-cap, sinks, ALiBi, FP8 cache
     cache_layout: str = "NHD"  # or "HND": [pages, kv_heads, page_size, head_dim]
+    page_format: PageFormat | None = None  # the backend's own (its name is cache_layout)
+    unused_cache: str = "any"  # "finite": unused memory holds stale finite values, not NaN
 
     @property
     def cache_dtype(self) -> torch.dtype:
@@ -93,6 +97,12 @@ class Scenario:
     @property
     def graph_mode(self) -> bool:
         return self.pad_to is not None
+
+    @property
+    def owned_format(self) -> PageFormat | None:
+        """The backend's own page format, where the step's caches are in it."""
+        fmt = self.page_format
+        return fmt if fmt is not None and self.cache_layout == fmt.name else None
 
     @property
     def reserves_padding_page(self) -> bool:
@@ -164,7 +174,7 @@ class StepInputs:
         Every backend, the peer and every property checked on these inputs
         compare against the same float64 result. With an FP8 cache the oracle
         reads the K/V the backend stored, so call this after its ``forward``
-        (and check the stored values with ``quantized_write_problem``).
+        (and check the stored values with ``write_problem``).
         """
         if layer not in self._references:
             s = self.scenario
@@ -192,12 +202,17 @@ class StepInputs:
         )
 
     def write_problem(self, layer: int) -> str | None:
-        """For an FP8 cache, why this layer's stored new K/V are not the inputs quantized."""
+        """Why this layer's stored new K/V are not the inputs (FP8: quantized), or ``None``.
+
+        Checked for an FP8 cache and for a backend-owned page format (whose
+        views are read back); a plain cache's writes are the canary's and the
+        oracle's to see.
+        """
         s = self.scenario
-        if not s.variant.quantized:
+        if not s.variant.quantized and s.owned_format is None:
             return None
         slots = self.step.metadata.slot_mapping.cpu()
-        return quantized_write_problem(
+        return write_problem(
             self.caches[layer], slots, self.keys[layer], self.values[layer], s.variant
         )
 
@@ -281,6 +296,16 @@ def _build_step(s: Scenario, pool: PagePool) -> Step:
     )
 
 
+def engine_conventions(caps: Capabilities) -> dict[str, Any]:
+    """The ``Scenario`` fields a backend's claim fixes for every step drawn for it: how its
+    engine pads, which page format it owns, what its unused cache memory holds."""
+    return {
+        "padding_convention": caps.padding_convention,
+        "page_format": caps.page_format,
+        "unused_cache": caps.unused_cache,
+    }
+
+
 def scenario_pool(scenario: Scenario) -> PagePool:
     """The page pool of the scenario's DP group (shuffled when it says so)."""
     seed = scenario.seed if scenario.shuffle_pages else None
@@ -296,7 +321,9 @@ def scenario_caches(scenario: Scenario, **overrides: Any) -> list[LayerCache]:
     """NaN-filled caches of the scenario's rank in its layout; overrides for negative tests.
 
     Padding pages (``Scenario.reserves_padding_page``) hold zeros, as an engine's null
-    block does: a padding row that reads one token there reads a finite one.
+    block does: a padding row that reads one token there reads a finite one. Where the
+    backend's engine keeps unused memory finite (``unused_cache="finite"``), it holds
+    stale finite values instead of NaN.
     """
     s = scenario
     args: dict[str, Any] = dict(
@@ -312,8 +339,15 @@ def scenario_caches(scenario: Scenario, **overrides: Any) -> list[LayerCache]:
         dp_rank=s.dp_rank,
         combined_kv=s.combined_kv,
         cache_layout=s.cache_layout,
+        page_format=s.page_format
+        if s.page_format and s.cache_layout == s.page_format.name
+        else None,
     )
     caches = make_layer_caches(**(args | overrides))
+    if s.unused_cache == "finite":
+        gen = torch.Generator().manual_seed(s.seed + 3)
+        for cache in caches:
+            fill_stale(cache, gen)
     if s.reserves_padding_page:
         for cache in caches:
             zero_padding_pages(cache, s.total_pages, s.dp_size)

