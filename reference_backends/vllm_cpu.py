@@ -125,8 +125,8 @@ class VllmCpuBackend(PagedBackendBase):
         """The kernel's own write: its op puts each new token where its reads look."""
         key_cache, value_cache = engine_halves(cache)
         self.engine.ops.cpu_attn_reshape_and_cache(
-            key,
-            value,
+            _unit_last_stride(key),
+            _unit_last_stride(value),
             key_cache,
             value_cache,
             _local_slots(step),
@@ -142,7 +142,7 @@ class VllmCpuBackend(PagedBackendBase):
         window = self.variant.sliding_window
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)  # contiguous
         self.engine.ops.cpu_attention_with_kv_cache(
-            query,
+            _unit_last_stride(query),
             key_cache,
             value_cache,
             out,
@@ -197,3 +197,8 @@ def _local_slots(step: PreparedStep) -> torch.Tensor:
         slots = [-1 if s == -1 else s - base for s in step.checked.slots]
         step.views[key] = torch.tensor(slots, dtype=torch.int64, device=step.geometry.device)
     return step.views[key]
+
+
+def _unit_last_stride(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as the ops take it: any strides, but each row's elements adjacent."""
+    return tensor if tensor.stride(-1) == 1 else tensor.contiguous()

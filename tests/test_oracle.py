@@ -257,7 +257,7 @@ def test_the_logit_term_grows_with_the_root_of_the_head_dim():
         )
         return float(error_bound(exact, torch.zeros(1, 1, dtype=torch.float64), torch.float32))
 
-    sums = 4 * u32 * 3.0  # sqrt(16) u32 v_max: one key counted as 16
+    sums = 3 * 4 * u32 * 3.0  # 3 sqrt(16) u32 v_max: one key counted as 16
     for head_dim, root in ((4, 1.0), (16, 1.0), (64, 2.0), (256, 4.0)):
         assert bound(head_dim) == pytest.approx(sums + 2 * root * u32 * 3.0 * 50.0, rel=1e-12)
 

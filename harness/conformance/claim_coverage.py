@@ -332,7 +332,8 @@ def requirements(
     if pages_needed(max_context, smallest_page) >= 3:  # two sequences can share a whole page
         wanted.append(_exactly("shared_prefix", "shared"))
     wanted += [_exactly("views", v) for v in ("dense", "strided")]
-    wanted += [_exactly("cache", v) for v in ("separate K/V", "combined K/V")]
+    own_format = caps.page_format is not None  # the engine's tensor: K/V combined or not is its
+    wanted += [_exactly("cache", v) for v in ("separate K/V", "combined K/V")[: 2 - own_format]]
     claimed = (caps.sliding_window, caps.soft_cap, caps.sinks, caps.alibi)
     for name, on in zip(VARIANT_NAMES, claimed, strict=True):
         if on:

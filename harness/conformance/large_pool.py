@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 from harness.core.contract import Capabilities, LayerCache
-from harness.core.kv_pages import PagePool
+from harness.core.kv_pages import STALE_MAGNITUDE, PagePool
 from harness.numerics.canary import bits
-from harness.numerics.scenario import Scenario, StepInputs, make_step_inputs
+from harness.numerics.scenario import Scenario, StepInputs, engine_conventions, make_step_inputs
 
 INT32_ELEMENTS = 2**31
 WATCHED_PAGES = 16
@@ -47,7 +47,13 @@ def large_pool_scenario(caps: Capabilities, device: str) -> Scenario | None:
     if not head_dims or not page_sizes:
         return None
     head_dim = max(head_dims)
-    page_size = 16 if 16 in page_sizes else max(page_sizes)
+    multiples = (caps.page_size_multiple * n for n in (1, 2))
+    page_sizes = [p for p in page_sizes if caps.allows_page_size(p)] or [
+        p for p in multiples if caps.allows_page_size(p)
+    ]
+    if not page_sizes:
+        return None
+    page_size = 16 if 16 in page_sizes else min(page_sizes)
     page_elements = page_size * head_dim  # one KV head
     return Scenario(
         num_heads=2,
@@ -62,6 +68,7 @@ def large_pool_scenario(caps: Capabilities, device: str) -> Scenario | None:
         device=device,
         planted_keys=1,
         cache_layout=caps.cache_layouts[0],
+        **engine_conventions(caps),
     )
 
 
@@ -107,18 +114,39 @@ def _watched(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def large_pool_caches(s: Scenario) -> list[LayerCache]:
-    """Untouched K/V tensors of ``s.total_pages`` pages, the top ones NaN-poisoned."""
+    """Untouched K/V tensors of ``s.total_pages`` pages (in the backend's own page format
+    where it has one), the top ones NaN-poisoned (stale finite values where its engine
+    keeps unused memory finite)."""
     inner = (
         (s.num_kv_heads, s.page_size) if s.cache_layout == "HND" else (s.page_size, s.num_kv_heads)
     )
     shape = (s.total_pages, *inner, s.head_dim)
+    gen = torch.Generator().manual_seed(s.seed + 3)
     caches = []
     for _ in range(s.num_layers):
-        key = torch.empty(shape, dtype=s.cache_dtype, device=s.device)
-        value = torch.empty(shape, dtype=s.cache_dtype, device=s.device)
-        cache = LayerCache(key=key, value=value, layout=s.cache_layout)
+        fmt = s.owned_format
+        if fmt is None:
+            key = torch.empty(shape, dtype=s.cache_dtype, device=s.device)
+            value = torch.empty(shape, dtype=s.cache_dtype, device=s.device)
+            cache = LayerCache(key=key, value=value, layout=s.cache_layout)
+        else:
+            tensors = fmt.allocate(
+                num_pages=s.total_pages,
+                page_size=s.page_size,
+                num_kv_heads=s.num_kv_heads,
+                head_dim=s.head_dim,
+                dtype=s.cache_dtype,
+                device=s.device,
+            )
+            cache = LayerCache(
+                key=tensors.key, value=tensors.value, layout=fmt.name, storage=tensors.storage
+            )
         for tensor in (cache.key_nhd, cache.value_nhd):
-            tensor[-WATCHED_PAGES:] = float("nan")
+            top = tensor[-WATCHED_PAGES:]
+            if s.unused_cache == "finite":
+                top.copy_((torch.randn(top.shape, generator=gen) * STALE_MAGNITUDE).to(top.dtype))
+            else:
+                top.fill_(float("nan"))
         caches.append(cache)
     return caches
 
