@@ -48,12 +48,12 @@ def large_pool_scenario(caps: Capabilities, device: str) -> Scenario | None:
         return None
     head_dim = max(head_dims)
     multiples = (caps.page_size_multiple * n for n in (1, 2))
-    page_sizes = [p for p in page_sizes if caps.allows_page_size(p)] or [
+    allowed = [p for p in page_sizes if caps.allows_page_size(p)] or [
         p for p in multiples if caps.allows_page_size(p)
     ]
-    if not page_sizes:
+    if not allowed:
         return None
-    page_size = 16 if 16 in page_sizes else min(page_sizes)
+    page_size = 16 if 16 in allowed else max(allowed)
     page_elements = page_size * head_dim  # one KV head
     return Scenario(
         num_heads=2,
