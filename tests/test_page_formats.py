@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 
 from harness.conformance.properties import (
@@ -20,10 +19,10 @@ from harness.conformance.strategies import CI_BUDGET
 from harness.core.contract import Capabilities, LayerCache
 from harness.core.errors import PropertyFailure
 from harness.core.kv_pages import PoolLayout, make_layer_caches
-from harness.core.page_formats import PageFormat, PageTensors
 from harness.core.registry import BackendEntry
 from harness.numerics.scenario import Scenario, scenario_caches
 from reference_backends.reference import ReferenceBackend
+from reference_backends.vllm_cpu import VllmCpuPages
 
 DRAWS = settings(
     max_examples=8,
@@ -34,35 +33,11 @@ DRAWS = settings(
 )
 
 
-class SplitPages(PageFormat):
-    """vLLM's CPU layout: per page and KV head, keys dimension-major, then values token-major."""
-
-    name = "split-pages"
-
-    def allocate(
-        self,
-        *,
-        num_pages: int,
-        page_size: int,
-        num_kv_heads: int,
-        head_dim: int,
-        dtype: torch.dtype,
-        device: str | torch.device,
-    ) -> PageTensors:
-        storage = torch.empty(
-            (num_pages, num_kv_heads, 2 * page_size, head_dim), dtype=dtype, device=device
-        )
-        halves = storage.view(num_pages, num_kv_heads, 2, page_size * head_dim)
-        key = halves[:, :, 0].unflatten(-1, (head_dim, page_size)).permute(0, 3, 1, 2)
-        value = halves[:, :, 1].unflatten(-1, (page_size, head_dim)).permute(0, 2, 1, 3)
-        return PageTensors(storage, key, value)
-
-
-SPLIT = SplitPages()
+SPLIT = VllmCpuPages()  # plain torch: vLLM's CPU layout, keys dimension-major per page and head
 
 
 class OwnsSplitPages(ReferenceBackend):
-    """``reference`` on caches in ``SplitPages``: it reads and writes through their views."""
+    """``reference`` on caches in vLLM's CPU format: it reads and writes through their views."""
 
     @classmethod
     def capabilities(cls) -> Capabilities:
