@@ -19,6 +19,7 @@ from harness.core.batches import StepRow
 from harness.core.contract import LayerCache
 from harness.core.kv_pages import local_slots, read_tokens, take_rows
 from harness.core.variants import AttentionVariant, dequantize, fp8_ulp
+from harness.numerics.canary import bits
 from harness.numerics.oracle import SequenceKV
 
 
@@ -68,7 +69,7 @@ def write_problem(
     for name, tensor, new in (("key", cache.key_nhd, key), ("value", cache.value_nhd, value)):
         stored = take_rows(tensor, rows).cpu()
         given = new.detach().cpu().index_select(0, written.cpu()).to(stored.dtype)
-        off = stored.view(_same_size_int(stored)) != given.view(_same_size_int(given))
+        off = bits(stored) != bits(given)
         if off.any():
             token, head, dim = off.nonzero()[0].tolist()
             return (
@@ -78,10 +79,6 @@ def write_problem(
                 f"{int(off.any(-1).sum())} (token, head) rows differ"
             )
     return None
-
-
-def _same_size_int(tensor: torch.Tensor) -> torch.dtype:
-    return {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()]
 
 
 def quantized_write_problem(
