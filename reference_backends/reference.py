@@ -95,8 +95,10 @@ class ReferenceBackend(PagedBackendBase):
         else:
             visible = torch.ones(query_len, length, dtype=torch.bool, device=device)
         window = self.variant.sliding_window
-        if window is not None:
+        if window is not None:  # two-sided without causal
             visible = visible & (key_pos > query_pos - window)
+            if not causal:
+                visible = visible & (key_pos < query_pos + window)
         return visible
 
     def expand_kv_heads(self, kv: torch.Tensor) -> torch.Tensor:

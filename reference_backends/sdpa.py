@@ -112,8 +112,10 @@ def _build_plan(
         mask = (key_pos[None, :] < lengths[:, None])[:, None, :].expand(-1, max_q, -1)
         if checked.causal:
             mask = mask & (key_pos[None, None, :] <= q_pos[:, :, None])
-        if window is not None:
+        if window is not None:  # two-sided without causal
             mask = mask & (key_pos[None, None, :] > q_pos[:, :, None] - window)
+            if not checked.causal:
+                mask = mask & (key_pos[None, None, :] < q_pos[:, :, None] + window)
         mask = mask.unsqueeze(1)
     bias = _additive_mask(variant, mask, key_pos, q_pos, len(real))
     return SdpaPlan(

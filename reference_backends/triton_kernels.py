@@ -365,10 +365,11 @@ def prefill_kernel(
     )
     slopes = tl.load(alibi_ptr + head, mask=mask_m & HAS_ALIBI, other=0.0) * 1.4426950408889634
 
+    last_q_pos = seq_len - query_len + first + BLOCK_M // GROUP_PAD - 1  # the tile's last query
     if CAUSAL:
-        key_end = tl.minimum(seq_len, seq_len - query_len + first + BLOCK_M // GROUP_PAD)
-    else:
-        key_end = seq_len
+        key_end = tl.minimum(seq_len, last_q_pos + 1)
+    else:  # a non-causal window is two-sided: keys up to last_q_pos + window - 1
+        key_end = tl.minimum(seq_len, last_q_pos + window)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -390,6 +391,8 @@ def prefill_kernel(
         keep = valid[None, :] & (pos[None, :] > q_pos[:, None] - window)
         if CAUSAL:
             keep = keep & (pos[None, :] <= q_pos[:, None])
+        else:
+            keep = keep & (pos[None, :] < q_pos[:, None] + window)
         bias = slopes[:, None] * (pos[None, :] - q_pos[:, None]).to(tl.float32)
         m_i, l_i, acc = _attend_tile(
             q, k, v, m_i, l_i, acc, keep, scale_log2, cap_scale, cap_log2, bias,

@@ -193,8 +193,11 @@ def _by_hand(q, seq, scale, variant, causal=True):
             for key in range(length):
                 if causal and key > pos:
                     continue
-                if variant.sliding_window is not None and key <= pos - variant.sliding_window:
-                    continue
+                window = variant.sliding_window
+                if window is not None and not pos - window < key:
+                    continue  # before the window
+                if window is not None and not causal and key >= pos + window:
+                    continue  # past a non-causal (two-sided) window
                 x = scale * float(q[j, h] @ seq.key[key, 0])
                 if variant.logits_soft_cap is not None:
                     x = variant.logits_soft_cap * math.tanh(x / variant.logits_soft_cap)

@@ -12,7 +12,8 @@ so memory stays at the size of the sequence's own K/V.
 Variants (``harness.core.variants.AttentionVariant``) follow the contract's
 definitions, in this order: logits ``scale * q.k``; soft-cap
 ``cap * tanh(logits / cap)``; ALiBi bias ``slope_h * (key_pos - query_pos)``;
-the mask (causal, and a sliding window: key positions ``> query_pos - W``);
+the mask (causal, and a sliding window: key positions ``> query_pos - W``, and
+``< query_pos + W`` without causal);
 a sink's logit joins the softmax's denominator with no value. For an FP8
 cache the ``SequenceKV`` hold the dequantized values the backend reads.
 """
@@ -76,13 +77,17 @@ def visible_mask(
 ) -> torch.Tensor:
     """``[q, L]`` mask: query j sits at position ``L - q + j`` (bottom-right causal).
 
-    A sliding window ``W`` hides keys at positions ``<= query_pos - W``.
+    A sliding window ``W`` hides keys at positions ``<= query_pos - W``; without
+    causal it is two-sided and also hides keys ``>= query_pos + W`` (vLLM's
+    FlashAttention, Triton and CPU kernels all make a non-causal window symmetric).
     """
     positions = torch.arange(seq_len - query_len, seq_len).unsqueeze(1)
     keys = torch.arange(seq_len).unsqueeze(0)
     visible = keys <= positions if causal else torch.ones(query_len, seq_len, dtype=torch.bool)
     if window is not None:
         visible = visible & (keys > positions - window)
+        if not causal:
+            visible = visible & (keys < positions + window)
     return visible
 
 
