@@ -196,6 +196,19 @@ def test_probe_measures_copy_and_matmul_on_this_cpu():
     assert c.details["matmul_float32"]["n"] >= 256
 
 
+def test_the_matmul_ceiling_is_the_best_of_every_gemm_path_torch_has():
+    """MKL (``torch.matmul``) runs AVX2 kernels on AMD CPUs: oneDNN's GEMM is timed too."""
+    c = probe("cpu", dtypes=(torch.float32,), copy=False)
+    found = c.details["matmul_float32"]
+    paths = found["paths"]
+    assert "torch.matmul" in paths
+    if torch.backends.mkldnn.is_available():
+        assert "onednn" in paths
+    rates = {name: p["flops"] for name, p in paths.items() if "flops" in p}
+    assert found["path"] == max(rates, key=rates.__getitem__)
+    assert c.flops_for("float32") == max(rates.values())
+
+
 def test_run_ceilings_prefer_measured_and_round_trip():
     measured = Ceilings("measured", "x", 1e10, {"float32": 1e11})
     sheet = Ceilings("datasheet", "H200 SXM", 4.8e12, {"float32": 6.7e13})
