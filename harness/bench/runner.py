@@ -37,7 +37,7 @@ import datetime
 import gc
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -67,6 +67,7 @@ from harness.bench.ceilings import (
     run_ceilings,
     spread_flags,
 )
+from harness.bench.engine_peer import add_engine_ratios, engine_in
 from harness.bench.environment import fingerprint
 from harness.bench.metrics import MEASUREMENT_ERROR, rates, roofline
 from harness.bench.peer import PEER_CLASS, PEER_NAME, ContiguousPeer
@@ -149,6 +150,7 @@ class BenchConfig:
 
     device: str = "cpu"
     size: str | None = None  # workload size; default: "gpu" on CUDA, else "cpu"
+    dtype: str | None = None  # every case in this dtype instead of its own (``in_dtype``)
     threads: int | None = None
     timing: TimingConfig = field(default_factory=TimingConfig)
     prepare_timing: TimingConfig = PREPARE_TIMING
@@ -377,6 +379,14 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
+def in_dtype(spec: CaseSpec, dtype: str | None) -> CaseSpec:
+    """``spec`` in ``dtype``; a case so changed carries the dtype in its name (``ctx=512
+    [bfloat16]``), so its records never pair with the case's own in a gate or report."""
+    if dtype is None or dtype == spec.dtype:
+        return spec
+    return replace(spec, dtype=dtype, name=f"{spec.name} [{dtype}]")
+
+
 def run_benchmarks(
     backends: Sequence[BackendEntry],
     workloads: Sequence[Workload],
@@ -388,7 +398,7 @@ def run_benchmarks(
     """Run every (case, backend) of ``workloads`` and return the run's record."""
     config = config or BenchConfig()
     size = config.workload_size
-    plan = [(w, spec) for w in workloads for spec in w.cases(size)]
+    plan = [(w, in_dtype(spec, config.dtype)) for w in workloads for spec in w.cases(size)]
     dtypes = tuple(dict.fromkeys(spec.torch_dtype for _, spec in plan)) or (torch.float32,)
     _, threads_source = timing_threads(config.threads)
     with fixed_threads(config.threads) as threads:
@@ -450,8 +460,10 @@ def finish_run(records: Sequence[CaseRecord], ceilings: RunCeilings, flags: list
 
     Each record's own rate above a ceiling is flagged; a ceiling any record
     exceeded is contradicted for the run, so every fraction against it is
-    withheld (``harness.bench.ceiling_evidence``). The run's flags (``flags``,
-    extended) name the contradicted ceilings and a large spread between probe rounds.
+    withheld (``harness.bench.ceiling_evidence``). With an engine's kernel among the
+    backends, every other backend gets its ratio to it (``harness.bench.engine_peer``).
+    The run's flags (``flags``, extended) name the contradicted ceilings and a large
+    spread between probe rounds.
     """
     peers = {r.id: r for r in records if r.role == "peer" and r.valid}
     for record in records:
@@ -465,6 +477,9 @@ def finish_run(records: Sequence[CaseRecord], ceilings: RunCeilings, flags: list
             None if peer is None else peer.forward,
         )
         record.flags = [f for f in record.flags if not f.startswith(MEASUREMENT_ERROR)] + own
+    engine = engine_in(records)
+    if engine is not None:
+        add_engine_ratios(records, engine)
     rounds = len(ceilings.probes) if ceilings.used is ceilings.measured else 0
     for found in withhold(records, contradictions(records, ceilings.used)):
         flags.append(contradiction_flag(found, rounds))

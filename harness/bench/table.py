@@ -125,11 +125,12 @@ def short_backend_names(names: Sequence[str], width: int = BACKEND_WIDTH) -> dic
     return {name: (label if counts[label] == 1 else name) for name, label in shown.items()}
 
 
-def _ratio(metrics: dict[str, Any]) -> str:
-    ratio = metrics.get("ratio_to_peer")
+def _ratio(metrics: dict[str, Any], to: str = "peer") -> str:
+    """``ratio_to_peer`` (or ``ratio_to_engine``) with its interval: ``1.26x [1.22-1.31]``."""
+    ratio = metrics.get(f"ratio_to_{to}")
     if ratio is None:
         return "-"
-    ci = metrics.get("ratio_to_peer_ci")
+    ci = metrics.get(f"ratio_to_{to}_ci")
     return f"{ratio:.2f}x" + (f" [{ci[0]:.2f}-{ci[1]:.2f}]" if ci else "")
 
 
@@ -141,9 +142,10 @@ def _roofline(metrics: dict[str, Any]) -> str:
     return f"{fraction:.0%}{bound}"
 
 
-def _row(case: CaseRecord, backend: str, notes: list[int]) -> list[str]:
-    """One backend's row; a case that did not pass shows its status and nothing timed."""
-    forward = ci = prepare = tokens = roof = ratio = "-"
+def _row(case: CaseRecord, backend: str, notes: list[int], engine: bool) -> list[str]:
+    """One backend's row; a case that did not pass shows its status and nothing timed.
+    ``engine``: the run has an engine peer, so the row has its ratio's column."""
+    forward = ci = prepare = tokens = roof = ratio = to_engine = "-"
     if case.status == "PASSED" and case.forward is not None:  # only a correct answer is a time
         s = case.forward.summary()
         forward = format_ns(s.median)
@@ -153,8 +155,10 @@ def _row(case: CaseRecord, backend: str, notes: list[int]) -> list[str]:
             prepare = format_ns(case.prepare.summary().median)
         m = case.metrics or {}
         tokens, roof, ratio = _rate(m.get("tokens_per_s")), _roofline(m), _ratio(m)
+        to_engine = _ratio(m, "engine")
     flags = "[" + ",".join(map(str, notes)) + "]" if notes else ""
-    return [f"    {backend}", case.status, forward, ci, prepare, tokens, roof, ratio, flags]
+    row = [f"    {backend}", case.status, forward, ci, prepare, tokens, roof, ratio]
+    return [*row, *([to_engine] if engine else []), flags]
 
 
 def _confidence(record: RunRecord) -> float:
@@ -223,9 +227,11 @@ def render(record: RunRecord) -> str:
     lines, one row per backend), about 100 columns wide; errors, flags, long
     backend specs and what each column means follow on lines below it.
     """
+    from harness.bench.engine_peer import engine_in
     from harness.bench.peer import PEER_NAME
 
     names = short_backend_names([c.backend for c in record.cases])
+    engine = engine_in(record.cases)
     header = [
         "workload / case / backend",
         "status",
@@ -235,6 +241,7 @@ def render(record: RunRecord) -> str:
         "tok/s",
         "roofline",
         "x peer [95% CI]",
+        *([f"x {engine} [95% CI]"] if engine else []),
         "flags",
     ]
     rows = [header]
@@ -254,7 +261,7 @@ def render(record: RunRecord) -> str:
         for flag in case.flags:
             notes.append(f"[{len(notes) + 1}] {where}: {flag}")
             numbers.append(len(notes))
-        rows.append(_row(case, names[case.backend], numbers))
+        rows.append(_row(case, names[case.backend], numbers, engine is not None))
         if case.error and case.status != "PASSED":
             details.append(f"{case.status}: {where}: {case.error}")
     lines = [*aligned(rows), ""]
@@ -277,7 +284,9 @@ def render(record: RunRecord) -> str:
             f"columns: forward = median time of one forward call (validation off), with ± half "
             f"its CI's width; prepare = median prepare time (host clock); roofline = share of "
             f"the binding ceiling (mem: bandwidth, cmp: compute); x peer = forward time / "
-            f"{PEER_NAME} forward time (> 1: slower); a case that did not pass is not timed"
+            f"{PEER_NAME} forward time (> 1: slower)"
+            + (f"; x {engine} = forward time / {engine}'s on the same pages" if engine else "")
+            + "; a case that did not pass is not timed"
         )
     )
     lines.extend(_ceilings_lines(record))

@@ -95,6 +95,14 @@ def add_bench_command(subparsers: Any) -> None:
         "(default: gpu on --device cuda, else cpu)",
     )
     p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default=None,
+        help="run every case in this dtype instead of its own; a case so changed is named "
+        "with the dtype, e.g. 'ctx=512 [bfloat16]' (default: each case's own: float32 at "
+        "the cpu size, bfloat16 at the gpu size)",
+    )
+    p.add_argument(
         "--out",
         type=output_file,
         metavar="FILE",
@@ -255,6 +263,7 @@ def _config(args: argparse.Namespace) -> BenchConfig:
     return BenchConfig(
         device=args.device,
         size=args.size,
+        dtype=args.dtype,
         threads=args.threads,
         timing=timing,
         case_timeout_s=args.timeout,

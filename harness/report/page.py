@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from harness.bench.engine_peer import ENGINE_PEERS, engine_in
 from harness.bench.table import format_ns
 from harness.report.figure_style import RenderedFigure, SkippedFigure
 from harness.report.formats import percent, percent_range, ratio, ratio_range, workload_grid
@@ -161,23 +162,38 @@ def _perf_note(line: PerformanceLine) -> str:
 def _verdict_performance(verdict: Verdict) -> str:
     if not verdict.performance:
         return "<h3>Performance</h3><p>No benchmark results among the inputs.</p>"
+    engine = next(
+        (e for e in ENGINE_PEERS for line in verdict.performance if line.backend == e), None
+    )
     header = ["run"] if verdict.several_runs else []
-    header += ["backend", "timed", "x peer: median (range)", "of ceiling: median (range)"]
-    header += ["bound", "note"]
+    header += ["backend", "timed", "x peer: median (range)"]
+    header += [f"x {engine}: median (range)"] if engine else []
+    header += ["of ceiling: median (range)", "bound", "note"]
     rows = []
     for line in verdict.performance:
         cells = [line.run] if verdict.several_runs else []
         start = len(cells)
         peer = "1 (the peer)" if line.is_peer else ratio_range(line.ratio)
         cells += [line.backend, f"{line.timed}/{line.cases}", peer]
+        if engine:
+            cells.append(
+                "1 (the engine)" if line.backend == engine else ratio_range(line.ratio_engine)
+            )
         cells += [percent_range(line.roofline), line.bound or "-"]
         cells.append(_perf_note(line))
         css = "failed" if line.failing else ("unsupported" if not line.timed else None)
-        rows.append(Row(cells, css, frozenset(range(start + 1, start + 4))))
+        rows.append(Row(cells, css, frozenset(range(start + 1, len(cells) - 2))))
     intro = (
         "<p>x peer: a backend's median forward time over the in-run contiguous SDPA "
         "peer's (no paging), per case; the median over its timed cases and their range "
-        "(&lt; 1: faster than the peer). Of ceiling: the share of the binding roofline "
+        "(&lt; 1: faster than the peer)."
+        + (
+            f" x {_e(engine)}: the same over the engine's production kernel, timed on the "
+            "same pages in the same run (&lt; 1: faster than the engine)."
+            if engine
+            else ""
+        )
+        + " Of ceiling: the share of the binding roofline "
         "ceiling (memory bandwidth or matmul rate) measured in the same run.</p>"
     )
     return "<h3>Performance</h3>" + intro + _table(header, rows)
@@ -256,7 +272,7 @@ def _figures(figures: Sequence[RenderedFigure | SkippedFigure]) -> str:
 # -- one benchmark run: its cases ---------------------------------------------------------
 
 
-def _case_row(s: CaseStats, with_reference: bool) -> Row:
+def _case_row(s: CaseStats, with_reference: bool, engine: str | None) -> Row:
     median = ci = roof = "-"
     if s.median_s is not None and s.ci_s is not None:
         median = format_ns(s.median_s * 1e9)
@@ -269,6 +285,8 @@ def _case_row(s: CaseStats, with_reference: bool) -> Row:
     cells.append(ratio(s.ratio_peer, s.ratio_peer_ci))
     if with_reference:
         cells.append(ratio(s.ratio_reference, s.ratio_reference_ci))
+    if engine:
+        cells.append(ratio(s.ratio_engine, s.ratio_engine_ci))
     cells += [roof, note]
     css = None if s.case.status == "PASSED" else "failed"
     return Row(cells, css, frozenset(range(4, len(cells) - 1)))
@@ -281,8 +299,11 @@ def _cases(run: AnalysedRun) -> str:
     header.append("x peer [CI]")
     if with_reference:
         header.append("x reference [CI]")
+    engine = engine_in(run.record.cases)
+    if engine:
+        header.append(f"x {engine} [CI]")
     header += ["of ceiling", "note"]
-    rows = [_case_row(s, with_reference) for s in shown_cases(run)]
+    rows = [_case_row(s, with_reference, engine) for s in shown_cases(run)]
     intro = (
         "<p>Median forward time and its bootstrap interval, recomputed from the raw samples; "
         "x peer: time over the contiguous SDPA peer's (&gt; 1: slower); of ceiling: share of "

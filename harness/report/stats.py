@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.bench.engine_peer import engine_in
 from harness.results.statistics import DEFAULT_RESAMPLES, Summary, bootstrap_ratio_ci, median
 
 if TYPE_CHECKING:
@@ -54,6 +55,8 @@ class CaseStats:
     ratio_peer_ci: tuple[float, float] | None = None
     ratio_reference: float | None = None
     ratio_reference_ci: tuple[float, float] | None = None
+    ratio_engine: float | None = None  # over the run's engine peer (``harness.bench.engine_peer``)
+    ratio_engine_ci: tuple[float, float] | None = None
     roofline_fraction: float | None = None
     bound: str | None = None
 
@@ -185,19 +188,32 @@ def _roofline(
 
 @dataclass(frozen=True)
 class _Index:
-    """The records a case is compared with: peers by id, ``reference`` by case."""
+    """The records a case is compared with: peers by id, ``reference`` and the engine peer
+    by case."""
 
     peers: dict[str, CaseRecord]
     references: dict[tuple[str, int, str], CaseRecord]
+    engines: dict[tuple[str, int, str], CaseRecord]
+    engine_name: str | None
 
     @classmethod
     def of(cls, record: RunRecord) -> _Index:
+        engine = engine_in(record.cases)
+
+        def by_case(name: str | None) -> dict[tuple[str, int, str], CaseRecord]:
+            return {_key(c): c for c in record.cases if c.role == "backend" and c.backend == name}
+
         return cls(
             peers={c.id: c for c in record.cases if c.role == "peer"},
-            references={
-                _key(c): c for c in record.cases if c.role == "backend" and c.backend == REFERENCE
-            },
+            references=by_case(REFERENCE),
+            engines=by_case(engine),
+            engine_name=engine,
         )
+
+    def engine(self, case: CaseRecord) -> CaseRecord | None:
+        if case.role != "backend" or case.backend == self.engine_name:
+            return None
+        return self.engines.get(_key(case))
 
     def peer(self, case: CaseRecord) -> CaseRecord | None:
         return None if case.role == "peer" else self.peers.get(case.peer or "")
@@ -224,6 +240,9 @@ def _stats(
     median_s = summary.median / 1e9
     ratio_peer, ratio_peer_ci = _ratio(case, index.peer(case), confidence)
     ratio_ref, ratio_ref_ci = _ratio(case, index.reference(case), confidence, REFERENCE_RESAMPLES)
+    ratio_engine, ratio_engine_ci = _ratio(
+        case, index.engine(case), confidence, REFERENCE_RESAMPLES
+    )
     fraction, bound = _roofline(case, median_s, ceiling)
     return CaseStats(
         case=case,
@@ -235,6 +254,8 @@ def _stats(
         ratio_peer_ci=ratio_peer_ci,
         ratio_reference=ratio_ref,
         ratio_reference_ci=ratio_ref_ci,
+        ratio_engine=ratio_engine,
+        ratio_engine_ci=ratio_engine_ci,
         roofline_fraction=fraction,
         bound=bound,
     )

@@ -69,6 +69,7 @@ class PerformanceLine:
     cases: int  # every case of this backend in the run
     timed: int  # cases that passed and were timed
     ratio: Range | None  # median forward time over the peer's, across timed cases
+    ratio_engine: Range | None  # ... over the run's engine peer's (None: no engine peer)
     roofline: Range | None  # share of the binding ceiling, across timed cases
     bound: str | None  # the ceiling most of its cases are bound by
     failing: tuple[str, ...] = ()  # "case: STATUS" of each case that did not pass
@@ -214,6 +215,7 @@ def _performance(run: AnalysedRun) -> list[PerformanceLine]:
         cases = [s for s in run.cases if s.case.backend == backend]
         timed = [s for s in cases if s.valid]
         ratios = [s.ratio_peer for s in timed if s.ratio_peer is not None]
+        to_engine = [s.ratio_engine for s in timed if s.ratio_engine is not None]
         fractions = [s.roofline_fraction for s in timed if s.roofline_fraction is not None]
         failing = tuple(
             f"{s.case.workload} / {s.case.case}: {s.case.status}"
@@ -228,6 +230,7 @@ def _performance(run: AnalysedRun) -> list[PerformanceLine]:
                 cases=len(cases),
                 timed=len(timed),
                 ratio=Range.of(ratios),
+                ratio_engine=Range.of(to_engine),
                 roofline=Range.of(fractions),
                 bound=_most_common([s.bound for s in timed if s.bound]),
                 failing=failing,
