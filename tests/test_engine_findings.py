@@ -64,3 +64,15 @@ def test_a_finding_not_reproduced_is_said_and_a_missing_report_is_a_usage_error(
     assert main([str(junit(tmp_path, ("test_canary[sglang-triton]", "", "")))]) == 0
     assert "not reproduced" in capsys.readouterr().out
     assert main([str(tmp_path / "absent.xml")]) == 2
+
+
+def test_a_promised_value_never_checked_fails_though_every_test_passed(tmp_path, capsys):
+    report = junit(tmp_path, ("test_canary[vllm-cpu]", "", ""))
+    text = report.read_text().replace(
+        "<testsuite>",
+        '<testsuite><properties><property name="coverage[vllm-cpu].never_checked" '
+        'value="tokens: 16385-65536"/></properties>',
+    )
+    report.write_text(text)
+    assert main([str(report)]) == 1
+    assert "coverage[vllm-cpu]: tokens: 16385-65536" in capsys.readouterr().err

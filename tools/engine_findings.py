@@ -9,7 +9,8 @@ full attention there). A CI run of that kernel fails, rightly, on them; what
 must not happen unseen is a failure for any other reason. This reads the
 run's JUnit report and sorts each failure under the finding whose evidence
 it carries (every recorded finding names what the failing step's description shows),
-and exits 1 on a failure no finding explains, or an error. A finding the
+and exits 1 on a failure no finding explains, an error, or a promised value the
+run never checked (its coverage verdict). A finding the
 run did not reproduce is said, not failed: the ``ci`` draws may miss it.
 """
 
@@ -81,6 +82,16 @@ def failures(junit: Path) -> tuple[list[Failure], list[str], list[str]]:
     return failed, errored, names
 
 
+def coverage_gaps(junit: Path) -> list[str]:
+    """Promised values the run never checked (``coverage[BACKEND].never_checked``): a run
+    that checked too little fails whatever its tests say, and no finding explains that."""
+    return [
+        f"{prop.get('name', '').partition('.')[0]}: {prop.get('value', '')}"
+        for prop in ET.parse(junit).getroot().iter("property")
+        if prop.get("name", "").endswith(".never_checked")
+    ]
+
+
 def explain(failure: Failure, findings: tuple[Finding, ...] = FINDINGS) -> Finding | None:
     """The recorded finding of the failure's backend whose evidence its report shows."""
     for finding in findings:
@@ -111,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"UNEXPLAINED failure {failure.test}: {first}", file=sys.stderr)
     for name in errored:
         print(f"ERROR in {name}: an error is never a recorded finding", file=sys.stderr)
-    if unexplained or errored:
+    gaps = coverage_gaps(args.junit)
+    for gap in gaps:
+        print(f"NEVER CHECKED {gap}: the run promised these values", file=sys.stderr)
+    if unexplained or errored or gaps:
         return 1
     print(f"engine_findings: {len(failed)} failure(s), each a finding docs/engines.md records")
     return 0

@@ -32,7 +32,11 @@ from harness.conformance.buckets import (
     heads_label,
 )
 from harness.conformance.pair_coverage import PAIR_DIMENSIONS, claimed_cells, pair_cells
-from harness.conformance.production_shapes import LARGE_DP_SIZES, CostLimit
+from harness.conformance.production_shapes import (
+    LARGE_DP_SIZES,
+    TOKEN_BUDGET_QUERY_HEADS,
+    CostLimit,
+)
 from harness.conformance.strategies import (
     HEAD_DIMS,
     PAGE_SIZES,
@@ -230,14 +234,17 @@ def _longest_reachable_context(caps: Capabilities, limit: CostLimit) -> int:
 
 
 def _reachable_tokens(caps: Capabilities, limit: CostLimit) -> int:
-    """The most new tokens in one step the token-budget draws afford: 64-token prefills, one
-    KV head of the smallest claimed head dim (``harness.conformance.strategies``)."""
-    head_dim = min(claimed_head_dims(caps, (8,)))
+    """The most new tokens in one step every token-budget draw at the smallest page affords:
+    64-token prefills, one KV head, its widest query heads (4) and head dim (the larger of
+    the two smallest claimed; ``harness.conformance.strategies``). A promise only the
+    cheapest geometry could keep would rest on a few derandomized draws picking it."""
+    head_dim = max(sorted(claimed_head_dims(caps, HEAD_DIMS))[:2])
     page = min(claimed_page_sizes(caps, (1,)))
     if (caps.max_seq_len or 64) < 64:
         return 0
     slots = pages_needed(64, page) * page
-    rows = min(limit.max_tokens(1, head_dim) // slots, limit.max_query_context(1, head_dim) // 4096)
+    work_rows = limit.max_query_context(max(TOKEN_BUDGET_QUERY_HEADS), head_dim) // (64 * 64)
+    rows = min(limit.max_tokens(1, head_dim) // slots, work_rows)
     return 64 * rows - 64  # the draws keep 64 tokens in hand
 
 

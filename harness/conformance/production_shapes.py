@@ -35,6 +35,7 @@ SPEC_QUERY_LENS = (2, 3, 4, 5, 6, 7, 8)  # draft tokens + 1 per request (EAGLE, 
 SPEC_COMMON_QUERY_LENS = (3, 4, 5, 6, 7)  # the usual 2-6 drafts: drawn twice as often
 SPEC_GROUPS = (1, 2, 4, 5, 6, 7, 8, 16)  # GQA groups of served models (Qwen 7, Phi-3 4, ...)
 TOKEN_BUDGETS = (8193, 16385, 65537)  # just past engines' max_num_batched_tokens defaults
+TOKEN_BUDGET_QUERY_HEADS = (1, 2, 4)  # over one KV head: tens of thousands of tokens fit
 BUDGET_QUERY_LENS = (64, 65, 96, 127, 128, 129)  # chunked-prefill chunks per request
 BUDGET_LONG_CHUNKS = (200, 256, 600)  # one chunk in eight
 

@@ -43,6 +43,7 @@ from harness.conformance.production_shapes import (
     SPEC_GROUPS,
     SPEC_QUERY_LENS,
     SPLIT_CONTEXTS,
+    TOKEN_BUDGET_QUERY_HEADS,
     TOKEN_BUDGETS,
     WIDE_GROUPS,
     CostLimit,
@@ -361,7 +362,7 @@ def production_geometries(
         fitting = tuple(d for d in head_dims if d <= 128) or head_dims
         head_dim = draw(st.sampled_from(fitting))
     elif regime == "token-budget":  # tens of thousands of tokens fit only with tiny heads
-        kv_heads, heads = 1, draw(st.sampled_from((1, 2, 4)))
+        kv_heads, heads = 1, draw(st.sampled_from(TOKEN_BUDGET_QUERY_HEADS))
         head_dim = draw(st.sampled_from(sorted(claimed_head_dims(caps, HEAD_DIMS))[:2]))
     else:  # long contexts and big pools fit only with few KV heads
         small = regime in ("long-context", "dp-groups")
