@@ -37,6 +37,11 @@ built once per step on its device; ``docs/engine-metadata.md`` has a worked
 example of each. An ``attend`` that declares ``key`` and ``value`` keyword
 parameters gets the step's new K/V too (an extend kernel takes them).
 
+An engine that keeps its own page format subclasses ``PageFormat`` (its
+``allocate`` returns the engine's tensor and NHD views of its K and V as a
+``PageTensors``) and names it in ``Capabilities.page_format``; every cache the
+harness makes for the backend then comes from it, read back through the views.
+
 Cache memory outside the sequences is unspecified; the conformance suite
 fills it with NaN, so a kernel that reads past a sequence's end returns NaN.
 
@@ -55,6 +60,7 @@ from harness.core.engine_metadata import (
     vllm_metadata,
 )
 from harness.core.kv_pages import put_rows, take_rows
+from harness.core.page_formats import PageFormat, PageTensors
 from harness.core.paged_base import PagedBackendBase, PreparedStep
 from harness.core.validate import (
     CacheGeometry,
@@ -74,6 +80,8 @@ __all__ = [
     "CacheGeometry",
     "CheckedMetadata",
     "FlashInferMetadata",
+    "PageFormat",
+    "PageTensors",
     "PagedBackendBase",
     "PreparedStep",
     "SglangMetadata",

@@ -15,7 +15,7 @@ from harness.core.errors import CacheBindingError, Unsupported
 from harness.core.kv_pages import make_layer_caches, read_tokens, write_tokens
 from harness.core.registry import default_registry
 from harness.core.variants import AttentionVariant, alibi_slopes_for, quantize
-from harness.numerics.cache_readback import quantized_write_problem
+from harness.numerics.cache_readback import write_problem
 from harness.numerics.canary import changed_slots, snapshot
 from harness.numerics.oracle import SequenceKV, oracle_attention
 from harness.numerics.scenario import Scenario, backend_for, make_step_inputs
@@ -149,9 +149,9 @@ def test_fp8_write_check_catches_an_inverted_scale_and_passes_a_correct_one():
     key, value = torch.randn(2, 2, 8), torch.randn(2, 2, 8)
     slots = torch.tensor([1, -1])
     write_tokens(cache, slots[:1], key[:1], value[:1], k_scale=0.25, v_scale=4.0)
-    assert quantized_write_problem(cache, slots, key, value, variant) is None
+    assert write_problem(cache, slots, key, value, variant) is None
     write_tokens(cache, slots[:1], key[:1], value[:1], k_scale=4.0, v_scale=4.0)
-    problem = quantized_write_problem(cache, slots, key, value, variant)
+    problem = write_problem(cache, slots, key, value, variant)
     assert problem is not None
     assert "key" in problem
     assert "k_scale" in problem

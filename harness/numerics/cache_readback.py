@@ -55,44 +55,12 @@ def write_problem(
 ) -> str | None:
     """Why what the cache holds at ``slots`` is not what the step gave (``None``: it is).
 
-    An FP8 cache holds each value within one FP8 step of ``value / scale``
-    (``quantized_write_problem``); any other holds it bit for bit. Read
-    through ``cache.key_nhd``/``value_nhd``: for a backend-owned page format,
-    its views, so a format whose views disagree with its own write op fails.
+    ``slots`` are global, ``-1`` for tokens that are not written. An FP8
+    cache holds each value within one FP8 step of ``value / scale``; any
+    other holds it bit for bit. Read through ``cache.key_nhd``/``value_nhd``:
+    for a backend-owned page format, its views, so a format whose views
+    disagree with its own write op fails.
     """
-    if variant.quantized:
-        return quantized_write_problem(cache, slots, key, value, variant)
-    written = (slots != -1).nonzero().flatten()
-    if written.numel() == 0:
-        return None
-    rows = local_slots(cache, slots[written].to(torch.long)).to(cache.key.device)
-    for name, tensor, new in (("key", cache.key_nhd, key), ("value", cache.value_nhd, value)):
-        stored = take_rows(tensor, rows).cpu()
-        given = new.detach().cpu().index_select(0, written.cpu()).to(stored.dtype)
-        off = bits(stored) != bits(given)
-        if off.any():
-            token, head, dim = off.nonzero()[0].tolist()
-            return (
-                f"{cache.layout} cache: stored {name} of token {int(written[token])} "
-                f"(head {head}, dim {dim}) reads back as {float(stored[token, head, dim]):.6g}, "
-                f"but the step gave {float(given[token, head, dim]):.6g}; "
-                f"{int(off.any(-1).sum())} (token, head) rows differ"
-            )
-    return None
-
-
-def quantized_write_problem(
-    cache: LayerCache,
-    slots: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    variant: AttentionVariant,
-) -> str | None:
-    """Why the FP8 values stored at ``slots`` are not ``key / k_scale`` (and V) rounded; or None.
-
-    ``slots`` are global, ``-1`` for tokens that are not written.
-    """
-    assert variant.cache_dtype is not None
     written = (slots != -1).nonzero().flatten()
     if written.numel() == 0:
         return None
@@ -101,18 +69,52 @@ def quantized_write_problem(
         ("key", cache.key_nhd, key, variant.k_scale),
         ("value", cache.value_nhd, value, variant.v_scale),
     ):
-        stored = take_rows(tensor, rows).cpu().double()
-        exact = new.detach().cpu().index_select(0, written.cpu()).double() / scale
-        spacing = fp8_ulp(exact, variant.cache_dtype)
-        off = (stored - exact).abs() > spacing
-        off |= ~torch.isfinite(stored)
-        if off.any():
-            token, head, dim = off.nonzero()[0].tolist()
-            return (
-                f"{variant.kv_cache_dtype} cache: stored {name} of token {int(written[token])} "
-                f"(head {head}, dim {dim}) is {float(stored[token, head, dim]):.6g}, but "
-                f"{name} / {name[0]}_scale = {float(exact[token, head, dim]):.6g} "
-                f"(scale {scale:g}); "
-                f"{int(off.sum())} values off by more than one FP8 step"
-            )
+        stored = take_rows(tensor, rows).cpu()
+        given = new.detach().cpu().index_select(0, written.cpu())
+        if variant.quantized:
+            problem = _quantized_mismatch(stored, given, written, name, scale, variant)
+        else:
+            problem = _exact_mismatch(stored, given.to(stored.dtype), written, name, cache.layout)
+        if problem is not None:
+            return problem
     return None
+
+
+def _exact_mismatch(
+    stored: torch.Tensor, given: torch.Tensor, tokens: torch.Tensor, name: str, layout: str
+) -> str | None:
+    """Where the first written row's bits differ (``tokens``: each row's token id)."""
+    off = bits(stored) != bits(given)
+    if not off.any():
+        return None
+    token, head, dim = off.nonzero()[0].tolist()
+    return (
+        f"{layout} cache: stored {name} of token {int(tokens[token])} "
+        f"(head {head}, dim {dim}) reads back as {float(stored[token, head, dim]):.6g}, "
+        f"but the step gave {float(given[token, head, dim]):.6g}; "
+        f"{int(off.any(-1).sum())} (token, head) rows differ"
+    )
+
+
+def _quantized_mismatch(
+    stored: torch.Tensor,
+    given: torch.Tensor,
+    tokens: torch.Tensor,
+    name: str,
+    scale: float,
+    variant: AttentionVariant,
+) -> str | None:
+    """Where the first value lies more than one FP8 step from ``given / scale``."""
+    assert variant.cache_dtype is not None
+    stored, exact = stored.double(), given.double() / scale
+    off = (stored - exact).abs() > fp8_ulp(exact, variant.cache_dtype)
+    off |= ~torch.isfinite(stored)
+    if not off.any():
+        return None
+    token, head, dim = off.nonzero()[0].tolist()
+    return (
+        f"{variant.kv_cache_dtype} cache: stored {name} of token {int(tokens[token])} "
+        f"(head {head}, dim {dim}) is {float(stored[token, head, dim]):.6g}, but "
+        f"{name} / {name[0]}_scale = {float(exact[token, head, dim]):.6g} "
+        f"(scale {scale:g}); {int(off.sum())} values off by more than one FP8 step"
+    )
