@@ -36,7 +36,13 @@ from harness.core.page_formats import PageFormat, PageTensors
 from harness.core.paged_base import PagedBackendBase, PreparedStep
 from reference_backends.vllm_cpu_ops import OpsMissing, load_ops, unavailable_reason
 
-ISA = "vec"  # the kernel's AVX path: page size and head dim multiples of 32
+
+def isa_for(page_size: int) -> str:
+    """The kernel's AVX path vLLM takes for a page size (head dims here are multiples of 32):
+    ``vec`` for multiples of 32, ``vec16`` for the other multiples of 16."""
+    return "vec" if page_size % 32 == 0 else "vec16"
+
+
 HEAD_DIMS = (32, 64, 96, 128, 160, 192, 224, 256, 512)
 SOFT_CAP_LOGIT_BOUND = 80.0
 """The kernel's soft-cap takes ``exp`` of ``logit / cap`` in float32, which overflows past
@@ -46,8 +52,8 @@ FP8_NAMES = {"fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 
 
 class VllmCpuPages(PageFormat):
-    """vLLM's CPU page format (its ``vec`` path): per page and KV head, keys dim-major, then
-    values token-major, in one tensor per layer."""
+    """vLLM's CPU page format (its ``vec`` and ``vec16`` paths): per page and KV head, keys
+    dim-major, then values token-major, in one tensor per layer."""
 
     name = "vllm-cpu"
 
@@ -110,7 +116,8 @@ class VllmCpuBackend(PagedBackendBase):
         return Capabilities(
             dtypes=(torch.float32, torch.float16, torch.bfloat16),
             devices=("cpu",) if reason is None else (),
-            page_size_multiple=32,
+            page_size_multiple=16,  # vec16 below multiples of 32 ...
+            fp8_page_size_multiple=32,  # ... which has no FP8 ("only supported on ... VEC")
             head_dims=HEAD_DIMS,
             sliding_window=True,
             soft_cap=True,
@@ -135,7 +142,7 @@ class VllmCpuBackend(PagedBackendBase):
             key_cache,
             value_cache,
             _local_slots(step),
-            ISA,
+            isa_for(cache.page_size),
             self.variant.k_scale,
             self.variant.v_scale,
             self._kv_dtype,
@@ -159,7 +166,7 @@ class VllmCpuBackend(PagedBackendBase):
             -1 if window is None else window,
             view.block_table,
             self.variant.logits_soft_cap or 0.0,
-            self._scheduler_metadata(step, query.dtype),
+            self._scheduler_metadata(step, query.dtype, cache.page_size),
             self.per_head("sinks", query.device),
             None,
             self.variant.k_scale,
@@ -168,7 +175,9 @@ class VllmCpuBackend(PagedBackendBase):
         )
         return out
 
-    def _scheduler_metadata(self, step: PreparedStep, dtype: torch.dtype) -> torch.Tensor:
+    def _scheduler_metadata(
+        self, step: PreparedStep, dtype: torch.dtype, page_size: int
+    ) -> torch.Tensor:
         """vLLM's work split for the step, built once per step (and thread count: it records
         how many threads will run it)."""
         key = ("vllm-cpu scheduler", dtype, torch.get_num_threads())
@@ -185,7 +194,7 @@ class VllmCpuBackend(PagedBackendBase):
                 view.cu_seqlens_q,
                 step.checked.causal,
                 -1 if window is None else window,
-                ISA,
+                isa_for(page_size),
                 True,
                 None,
                 self._kv_dtype,

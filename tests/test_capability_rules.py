@@ -33,6 +33,12 @@ VARIANTS = Capabilities(
     incompatible=("alibi+sinks",),
     soft_cap_logit_bound=20.0,
 )
+FP8_PAGES = Capabilities(  # vLLM's CPU kernel: pages of 16 on its vec16 path, which has no FP8
+    page_size_multiple=16, fp8_page_size_multiple=32, kv_cache_dtypes=("auto", "fp8_e4m3")
+)
+FP8_ONLY = Capabilities(
+    page_size_multiple=16, fp8_page_size_multiple=32, kv_cache_dtypes=("fp8_e4m3",)
+)
 BY_DEVICE = Capabilities(
     devices=("cpu", "cuda"), dtypes_by_device={"cpu": (torch.float32, torch.float16)}
 )
@@ -97,6 +103,7 @@ def test_a_constructor_refuses_an_incompatible_pair():
         ({"incompatible": ("alibi",)}, "not two of"),
         ({"incompatible": ("alibi+window",)}, "not two of"),
         ({"page_size_multiple": 0}, "page_size_multiple"),
+        ({"fp8_page_size_multiple": 0}, "fp8_page_size_multiple"),
         ({"min_head_dim": 0}, "min_head_dim"),
         ({"soft_cap_logit_bound": 0.0}, "soft_cap_logit_bound"),
     ],
@@ -121,6 +128,27 @@ def test_production_draws_keep_to_the_shape_rules(regime, data):
     assert s.page_size % 16 == 0
     assert s.head_dim % 16 == 0
     assert s.head_dim >= 32
+
+
+def test_fp8_at_a_page_size_its_path_does_not_serve_is_outside_the_claim():
+    assert FP8_PAGES.unsupported_reason(page_size=16) is None
+    assert FP8_PAGES.unsupported_reason(page_size=64, kv_cache_dtype="fp8_e4m3") is None
+    reason = FP8_PAGES.unsupported_reason(page_size=48, kv_cache_dtype="fp8_e4m3")
+    assert reason == (
+        "unsupported kv_cache_dtype 'fp8_e4m3' at page_size 48 (FP8 needs a multiple of 32)"
+    )
+    assert FP8_PAGES.fp8_page_size(16) == 32
+    assert FP8_PAGES.fp8_page_size(64) == 64
+    assert Capabilities(page_sizes=(16, 48, 96), fp8_page_size_multiple=32).fp8_page_size(16) == 96
+
+
+@FAST
+@given(st.sampled_from([FP8_PAGES, FP8_ONLY]), st.data())
+def test_fp8_draws_keep_to_the_page_sizes_that_serve_them(caps, data):
+    s = data.draw(scenarios(caps))
+    assert s.page_size % 16 == 0
+    if s.variant.quantized:
+        assert s.page_size % 32 == 0
 
 
 @FAST

@@ -208,6 +208,8 @@ class _Step:
             device=device,
         )
         s = replace(s, variant=_variant(self.feature, caps, heads))
+        if s.variant.quantized and not caps.allows_fp8_at(page):
+            s = replace(s, page_size=caps.fp8_page_size(page))  # FP8 served from there up
         return replace(
             s,
             values=self.values,

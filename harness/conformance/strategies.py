@@ -173,6 +173,16 @@ def _fp8_only(draw: st.DrawFn, caps: Capabilities) -> AttentionVariant:
     )
 
 
+def fp8_served(caps: Capabilities, scenario: Scenario) -> Scenario:
+    """``scenario``, whose FP8 cache its page size does not serve, inside the claim: a plain
+    cache where one is claimed (the page size, and so the draw's cost, stays), else the
+    smallest page size that serves FP8."""
+    if "auto" in caps.kv_cache_dtypes:
+        plain = replace(scenario.variant, kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0)
+        return replace(scenario, variant=plain)
+    return replace(scenario, page_size=caps.fp8_page_size(scenario.page_size))
+
+
 def with_variant(
     draw: st.DrawFn, caps: Capabilities, scenario: Scenario, windows: tuple[int, ...] = WINDOWS
 ) -> Scenario:
@@ -191,6 +201,8 @@ def with_variant(
             else caps.cache_layouts[0]
         ),
     )
+    if drawn.variant.quantized and not caps.allows_fp8_at(drawn.page_size):
+        drawn = fp8_served(caps, drawn)
     if soft_cap_room(caps, drawn) < logit_reach(drawn):
         drawn = replace(drawn, magnitude=1.0, scale=None)
     if soft_cap_room(caps, drawn) < logit_reach(drawn):

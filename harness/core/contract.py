@@ -7,6 +7,7 @@ The backend author's reference, field by field and rule by rule, is
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -159,6 +160,7 @@ class Capabilities:
     # Rules that narrow the claims above, as kernels state them (defaults: no rule):
     dtypes_by_device: Mapping[str, tuple[torch.dtype, ...]] | None = None  # device -> its dtypes
     page_size_multiple: int = 1  # every page size a multiple of this (16: tensor-core tiles)
+    fp8_page_size_multiple: int = 1  # FP8 caches only at page sizes a multiple of this
     head_dim_multiple: int = 1
     min_head_dim: int = 1
     min_sliding_window: int = 1  # the smallest window served (some kernels take 0 as "none")
@@ -188,6 +190,7 @@ class Capabilities:
                 )
         for name in (
             "page_size_multiple",
+            "fp8_page_size_multiple",
             "head_dim_multiple",
             "min_head_dim",
             "min_sliding_window",
@@ -228,6 +231,18 @@ class Capabilities:
     def allows_page_size(self, page_size: int) -> bool:
         listed = self.page_sizes is None or page_size in self.page_sizes
         return listed and page_size % self.page_size_multiple == 0
+
+    def allows_fp8_at(self, page_size: int) -> bool:
+        """Whether an FP8 cache is served at this (claimed) page size."""
+        return page_size % self.fp8_page_size_multiple == 0
+
+    def fp8_page_size(self, page_size: int) -> int:
+        """The smallest claimed page size from ``page_size`` up that serves an FP8 cache."""
+        step = math.lcm(self.page_size_multiple, self.fp8_page_size_multiple)
+        if self.page_sizes is not None:
+            fitting = [p for p in self.page_sizes if p >= page_size and p % step == 0]
+            return min(fitting, default=page_size)
+        return -(-page_size // step) * step
 
     def allows_head_dim(self, head_dim: int) -> bool:
         listed = self.head_dims is None or head_dim in self.head_dims
@@ -300,6 +315,13 @@ class Capabilities:
             (sinks and not self.sinks, "sinks"),
             (alibi and not self.alibi, "alibi_slopes"),
             (kv_cache_dtype not in self.kv_cache_dtypes, f"kv_cache_dtype {kv_cache_dtype!r}"),
+            (
+                kv_cache_dtype != "auto"
+                and page_size is not None
+                and not self.allows_fp8_at(page_size),
+                f"kv_cache_dtype {kv_cache_dtype!r} at page_size {page_size} (FP8 needs a "
+                f"multiple of {self.fp8_page_size_multiple})",
+            ),
             (
                 cache_layout is not None and cache_layout not in self.cache_layouts,
                 f"cache layout {cache_layout!r}",
