@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from harness.bench.timing import device_type
 from harness.bench.workloads import CaseSpec, Workload
-from harness.core.contract import capabilities_of
+from harness.core.contract import Capabilities, LayerCache, capabilities_of
 from harness.core.deadlines import CaseTimeout
 from harness.core.errors import Unsupported
 from harness.core.registry import BackendEntry
@@ -28,6 +28,7 @@ from harness.numerics.scenario import (
     backend_for,
     check_outputs,
     make_step_inputs,
+    scenario_caches,
     store_step_tokens,
 )
 
@@ -60,20 +61,54 @@ class PreparedCase:
     their state as built before each run: otherwise a backend that skips
     writing the new K/V would pass on what an earlier backend wrote, and one
     that writes stray slots would fail the backends after it.
+
+    A backend that owns its page format, or whose engine keeps unused cache
+    memory finite, gets its own copy of the caches (``caches_for``): the same
+    pages holding the same K/V, in its format, unused memory as its engine
+    keeps it. Every backend so runs on the same pages.
     """
 
     workload: Workload
     spec: CaseSpec
     device: str
     inputs: StepInputs
-    _pristine: list[tuple[torch.Tensor, torch.Tensor]] = field(init=False, repr=False)
+    _copies: dict[tuple[str, str], list[LayerCache]] = field(init=False, repr=False)
+    _pristine: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._pristine = [(c.key.clone(), c.value.clone()) for c in self.inputs.caches]
+        self._copies = {}
+        self._pristine = {}
+        self._keep(self.inputs.caches)
 
-    def restore_caches(self) -> None:
-        """Every cache back to its contents as built (new tokens' slots unwritten)."""
-        for cache, (key, value) in zip(self.inputs.caches, self._pristine, strict=True):
+    def _keep(self, caches: list[LayerCache]) -> None:
+        self._pristine[id(caches)] = [(c.key.clone(), c.value.clone()) for c in caches]
+
+    def caches_for(self, caps: Capabilities) -> list[LayerCache]:
+        """The caches a backend with this claim runs on (see the class docstring)."""
+        fmt = caps.page_format
+        if fmt is None and caps.unused_cache == "any":
+            return self.inputs.caches
+        key = ("" if fmt is None else fmt.name, caps.unused_cache)
+        if key not in self._copies:
+            own = replace(self.inputs.scenario, page_format=fmt, unused_cache=caps.unused_cache)
+            if fmt is not None:
+                own = replace(own, cache_layout=fmt.name)
+            copies = scenario_caches(own)  # unused memory as the engine keeps it
+            for copy, built in zip(copies, self.inputs.caches, strict=True):
+                for mine, theirs in (
+                    (copy.key_nhd, built.key_nhd),
+                    (copy.value_nhd, built.value_nhd),
+                ):
+                    written = ~theirs.float().isnan()
+                    mine.copy_(torch.where(written, theirs, mine))
+            self._keep(copies)
+            self._copies[key] = copies
+        return self._copies[key]
+
+    def restore_caches(self, caches: list[LayerCache] | None = None) -> None:
+        """The caches (by default the shared ones) back to their contents as built."""
+        caches = self.inputs.caches if caches is None else caches
+        for cache, (key, value) in zip(caches, self._pristine[id(caches)], strict=True):
             cache.key.copy_(key)
             cache.value.copy_(value)
 
@@ -215,8 +250,9 @@ class CheckedBackend:
 
 
 def _run_once(backend: Any, case: PreparedCase, graph_mode: bool = False) -> object:
-    case.restore_caches()  # each instance starts from the caches as built, never another's
-    backend.bind_kv_caches(case.inputs.caches)
+    caches = case.caches_for(capabilities_of(type(backend)))
+    case.restore_caches(caches)  # each instance starts from the caches as built, never another's
+    backend.bind_kv_caches(caches)
     backend.prepare(case.inputs.step.metadata, graph_mode=graph_mode)
     return backend.forward(*case.forward_args(), 0)
 
