@@ -67,3 +67,17 @@ def test_a_case_run_in_another_dtype_is_named_with_it():
         "ctx=512 [bfloat16]",
         spec.seed,
     )
+
+
+def test_the_report_recomputes_the_ratio_to_the_engine_from_the_samples():
+    from harness.report.stats import run_stats
+
+    ours = record_of("compiled", forward=timing(3_000_000, 3_100_000, 2_900_000))
+    engine = record_of(ENGINE, forward=timing(6_000_000, 6_200_000, 5_800_000))
+    stats = {
+        s.case.backend: s for s in run_stats(run_of(record_of("contiguous-sdpa"), ours, engine))
+    }
+    assert stats["compiled"].ratio_engine == pytest.approx(0.5)
+    assert stats["compiled"].ratio_engine_ci is not None
+    assert stats[ENGINE].ratio_engine is None
+    assert stats["contiguous-sdpa"].ratio_engine is None

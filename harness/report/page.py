@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from harness.bench.engine_peer import ENGINE_PEERS, engine_in
+from harness.bench.engine_peer import engine_in
 from harness.bench.table import format_ns
 from harness.report.figure_style import RenderedFigure, SkippedFigure
 from harness.report.formats import percent, percent_range, ratio, ratio_range, workload_grid
@@ -30,6 +30,7 @@ from harness.report.stats import AnalysedRun, CaseStats, ceilings, overhead_medi
 from harness.report.verdict import (
     PerformanceLine,
     Verdict,
+    engine_among,
     shown_cases,
     unsupported_groups,
     verdict_of,
@@ -162,9 +163,7 @@ def _perf_note(line: PerformanceLine) -> str:
 def _verdict_performance(verdict: Verdict) -> str:
     if not verdict.performance:
         return "<h3>Performance</h3><p>No benchmark results among the inputs.</p>"
-    engine = next(
-        (e for e in ENGINE_PEERS for line in verdict.performance if line.backend == e), None
-    )
+    engine = engine_among(verdict)
     header = ["run"] if verdict.several_runs else []
     header += ["backend", "timed", "x peer: median (range)"]
     header += [f"x {engine}: median (range)"] if engine else []

@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING
 from harness.bench.table import format_ns
 from harness.report.formats import percent_range, ratio, ratio_range, workload_grid
 from harness.report.stats import AnalysedRun, CaseStats
-from harness.report.verdict import Verdict, shown_cases, unsupported_groups, verdict_of
+from harness.report.verdict import (
+    Verdict,
+    engine_among,
+    shown_cases,
+    unsupported_groups,
+    verdict_of,
+)
 
 if TYPE_CHECKING:
     from harness.report.inputs import ConformanceRun, Inputs
@@ -65,8 +71,11 @@ def _verdict(verdict: Verdict) -> list[str]:
         header = ["backend", "conformance", "passed/tests", "failed", "unsupported"]
         lines += [*_table(header, rows), ""]
     if verdict.performance:
+        engine = engine_among(verdict)
         header = (["run"] if verdict.several_runs else []) + ["backend", "timed"]
-        header += ["x peer: median (range)", "of ceiling: median (range)", "note"]
+        header += ["x peer: median (range)"]
+        header += [f"x {md(engine)}: median (range)"] if engine else []
+        header += ["of ceiling: median (range)", "note"]
         rows = []
         for p in verdict.performance:
             cells = [md(p.run)] if verdict.several_runs else []
@@ -75,7 +84,11 @@ def _verdict(verdict: Verdict) -> list[str]:
                 why = f"{p.unsupported} unsupported ({md(p.unsupported_reason)})"
                 note = ", ".join(x for x in (note, why) if x)
             peer = "1 (the peer)" if p.is_peer else ratio_range(p.ratio)
-            cells += [md(p.backend), f"{p.timed}/{p.cases}", peer, percent_range(p.roofline)]
+            cells += [md(p.backend), f"{p.timed}/{p.cases}", peer]
+            if engine:
+                own = p.backend == engine
+                cells.append("1 (the engine)" if own else ratio_range(p.ratio_engine))
+            cells.append(percent_range(p.roofline))
             rows.append([*cells, note])
         lines += [*_table(header, rows), ""]
     if verdict.by_workload:

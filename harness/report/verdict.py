@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from harness.bench.engine_peer import ENGINE_PEERS
 from harness.report.stats import AnalysedRun, CaseStats
 
 if TYPE_CHECKING:
@@ -323,3 +324,9 @@ def verdict_of(inputs: Inputs, runs: Sequence[AnalysedRun]) -> Verdict:
         several_runs=len(runs) > 1,
         by_workload=[line for run in runs for line in _by_workload(run)],
     )
+
+
+def engine_among(verdict: Verdict) -> str | None:
+    """The engine peer among the verdict's backends (``harness.bench.engine_peer``), if any."""
+    backends = {line.backend for line in verdict.performance}
+    return next((e for e in ENGINE_PEERS if e in backends), None)
