@@ -12,7 +12,7 @@ import torch
 from harness.conformance.check_matrix import run_quick_check
 from harness.core.kv_pages import make_layer_caches
 from harness.core.registry import default_registry
-from reference_backends.vllm_cpu import ISA, PAGES, engine_halves
+from reference_backends.vllm_cpu import PAGES, engine_halves, isa_for
 from reference_backends.vllm_cpu_ops import load_ops, unavailable_reason
 
 pytestmark = pytest.mark.skipif(
@@ -21,7 +21,9 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(("page_size", "head_dim"), [(32, 64), (64, 128), (128, 32)])
+@pytest.mark.parametrize(
+    ("page_size", "head_dim"), [(32, 64), (64, 128), (128, 32), (16, 128), (48, 64)]
+)
 def test_the_format_views_read_back_what_the_kernel_wrote(dtype, page_size, head_dim):
     ops = load_ops().ops
     (cache,) = make_layer_caches(
@@ -32,7 +34,8 @@ def test_the_format_views_read_back_what_the_kernel_wrote(dtype, page_size, head
     key = torch.randn(5, 3, head_dim).to(dtype)
     value = torch.randn(5, 3, head_dim).to(dtype)
     key_cache, value_cache = engine_halves(cache)
-    ops.cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, slots, ISA, 1.0, 1.0, "auto")
+    isa = isa_for(page_size)  # vec16 for 16 and 48: the same format
+    ops.cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, slots, isa, 1.0, 1.0, "auto")
     flat_k = cache.key.flatten(0, 1)
     flat_v = cache.value.flatten(0, 1)
     for token, slot in enumerate(slots.tolist()[:-1]):
@@ -46,3 +49,20 @@ def test_the_quick_check_passes():
     assert len(results) >= 100
     failed = [r for r in results if r.status != "PASSED"]
     assert not failed, failed[0]
+
+
+def test_it_is_the_engine_peer_of_a_benchmark_run_on_its_own_pages():
+    from harness.bench.runner import BenchConfig, run_benchmarks
+    from harness.bench.timing import TimingConfig
+    from harness.bench.workloads import get_workload
+
+    registry = default_registry()
+    backends = [registry.resolve("sdpa"), registry.resolve("vllm-cpu")]
+    workload = get_workload("decode-sweep")
+    quick = TimingConfig(warmup=1, min_samples=5, max_samples=5, budget_s=0.2)
+    run = run_benchmarks(backends, [workload], BenchConfig(timing=quick, probe_ceilings=False))
+    ours = [c for c in run.cases if c.backend == "sdpa"]
+    engine = [c for c in run.cases if c.backend == "vllm-cpu"]
+    assert [c.status for c in engine] == ["PASSED"] * len(engine)  # pages of 16: vec16
+    assert all(c.metrics["engine_peer"] == "vllm-cpu" for c in ours)
+    assert all(c.metrics["ratio_to_engine"] > 0 for c in ours)
