@@ -70,6 +70,7 @@ CASES = [
     case("bench", "--workload", "decode-swep", also=("decode-sweep", "prefill-sweep")),
     case("bench", "--device", "tpu", also=DEVICES),
     case("bench", "--size", "huge", also=("cpu", "gpu")),
+    case("bench", "--dtype", "float64", also=("float32", "bfloat16")),
     case("bench", "--out", "missing/bench.json"),
     case("bench", "--threads", "0"),
     case("bench", "--budget", "0"),
