@@ -164,11 +164,26 @@ STALE_MAGNITUDE = 8.0
 output is far from the oracle, while a product of it with a masked weight of 0 is 0."""
 
 
+STALE_PAGES = 7
+"""Distinct pages of stale values, repeated over the pool: drawing a whole pool at random
+took most of a thorough run's time for a large pool (its ranks, every example)."""
+
+
 def fill_stale(cache: LayerCache, gen: torch.Generator) -> None:
-    """Fill every slot with finite random values, as K/V an earlier sequence left behind."""
+    """Fill every slot with finite random values, as K/V an earlier sequence left behind.
+
+    ``STALE_PAGES`` random pages repeat over the pool, so the fill costs a copy.
+    """
     for tensor in (cache.key_nhd, cache.value_nhd):
-        stale = torch.randn(tensor.shape, generator=gen) * STALE_MAGNITUDE
-        tensor.copy_(stale.to(dtype=tensor.dtype, device=tensor.device))
+        pages = tensor.shape[0]
+        distinct = min(pages, STALE_PAGES)
+        stale = torch.randn((distinct, *tensor.shape[1:]), generator=gen) * STALE_MAGNITUDE
+        stale = stale.to(dtype=tensor.dtype, device=tensor.device)
+        whole = pages // distinct * distinct
+        if whole:
+            blocks = tensor[:whole].unflatten(0, (whole // distinct, distinct))
+            blocks.copy_(stale.expand(whole // distinct, *stale.shape))
+        tensor[whole:].copy_(stale[: pages - whole])
 
 
 def zero_padding_pages(cache: LayerCache, total_pages: int, dp_size: int) -> None:
