@@ -36,7 +36,7 @@ def add_engine_ratios(records: Sequence[CaseRecord], engine: str) -> None:
     timed = {
         (r.workload, r.workload_version, r.case): r
         for r in records
-        if r.backend == engine and r.valid and r.forward is not None
+        if r.backend == engine and r.valid  # valid: passed and timed
     }
     for record in records:
         if record.role != "backend" or record.backend == engine or record.metrics is None:
@@ -44,8 +44,9 @@ def add_engine_ratios(records: Sequence[CaseRecord], engine: str) -> None:
         assert record.forward is not None  # metrics come from a forward timing
         theirs = timed.get((record.workload, record.workload_version, record.case))
         ratio = ratio_ci = None
-        if theirs is not None and theirs.forward is not None:
+        if theirs is not None:
             ours, engine_time = record.forward, theirs.forward
+            assert engine_time is not None
             ratio = ours.summary().median / engine_time.summary().median
             ratio_ci = list(bootstrap_ratio_ci(ours.samples_ns, engine_time.samples_ns))
         record.metrics.update(
