@@ -21,9 +21,13 @@ correct computation of that kind has these sources of error, each charged:
   most ``2 u32 s`` times the largest value norm (``logit_scale`` is the worst
   ``s``, from ``|q|.|k|`` so cancellation cannot hide it). A logit is itself
   an fp32 sum of ``D`` products, whose error grows like ``sqrt(D) u32`` (as
-  the sums over keys below), so the term is ``2 sqrt(D / 16) u32 s`` for head
-  dims above 16: without it a correct FlexAttention at D=256 in fp32 reached
-  1.10x the bound on a many-sequence step;
+  the sums over keys below), so the term is ``2 sqrt(D) u32 s``. A blocked
+  or 16-lane dot product rounds less, about ``sqrt(D / 16) u32 s``, but a
+  kernel that vectorizes over keys and sums each logit in head-dim order
+  (vLLM's CPU kernel in fp32) reaches the full ``sqrt(D)``: where a massive
+  channel makes every partial sum as large as the logit, each of the ``D``
+  additions rounds at that size. Charged at ``sqrt(D / 16)``, that kernel
+  reached 1.10x the bound at D=256 (one key among three, ``massive-qk``);
 * fp32 accumulation of P.V and of the softmax's sum over the ``n`` keys a
   token sees: each sum's rounding error grows like ``sqrt(n) u32`` times the
   largest value norm (the probabilistic bound of Higham and Mary, 2019, at
@@ -44,7 +48,7 @@ correct computation of that kind has these sources of error, each charged:
   the same (token, head).
 
 So ``bound = 4 e_naive + max(u (4 ||o|| + 6 rounding_scale), 3 sqrt(n) u32 value_scale)
-+ 2 sqrt(max(D, 16) / 16) u32 value_scale logit_scale``. The factors leave a correct
++ 2 sqrt(D) u32 value_scale logit_scale``. The factors leave a correct
 computation at a quarter of the bound or less (``python -m
 harness.numerics.discrimination`` measures it), while an all-zeros output,
 uniform attention, a wrong GQA head map, a 10% scale error, one skipped page,
@@ -91,8 +95,7 @@ OUTPUT_FACTOR = 4.0
 ROUNDING_FACTOR = 6.0
 ACCUMULATION_FACTOR = 3.0  # per sqrt(key) of the visible keys: two sums, three sigmas
 MIN_SUM_LENGTH = 16.0  # keys counted at least: 4 u32 value_scale, as short sums round too
-LOGIT_FACTOR = 2.0
-MIN_DOT_LENGTH = 16.0  # head dims counted at least: the logit term's sqrt(D / 16) growth
+LOGIT_FACTOR = 2.0  # per sqrt(D): a logit's fp32 sum over the head dim, in order
 ACCUMULATOR = torch.float32  # where production kernels keep logits, sums and accumulators
 
 
@@ -111,8 +114,7 @@ def error_bound(
     length = torch.full_like(oracle.value_scale, MIN_SUM_LENGTH) if keys is None else keys
     sums = length.clamp_min(MIN_SUM_LENGTH).sqrt()
     accumulation = u32 * ACCUMULATION_FACTOR * sums * oracle.value_scale
-    head_dim = max(float(oracle.output.shape[-1]), MIN_DOT_LENGTH)
-    dot = (head_dim / MIN_DOT_LENGTH) ** 0.5  # a logit's fp32 sum over the head dim
+    dot = float(oracle.output.shape[-1]) ** 0.5  # a logit's fp32 sum over the head dim
     logits = u32 * LOGIT_FACTOR * dot * oracle.value_scale * oracle.logit_scale
     return NAIVE_FACTOR * naive_error + torch.maximum(rounding, accumulation) + logits
 
