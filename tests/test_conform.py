@@ -264,10 +264,11 @@ def test_a_backend_printing_to_stdout_does_not_break_the_report(conform):
     assert "preparing a step" not in result.stdout
 
 
-def test_nothing_checkable_on_this_device_fails_and_says_so(conform):
+def test_a_backend_claiming_another_device_is_a_usage_error_naming_it(conform):
     result = conform("--backend", f"{FIXTURES}:CudaOnly")
-    assert result.returncode == EXIT_FAILED
-    assert "nothing could be checked for backend" in result.stdout
+    assert result.returncode == EXIT_USAGE
+    assert "unavailable here: it claims cuda only, not 'cpu'" in result.stderr
+    assert result.stdout == ""
 
 
 def test_an_empty_page_size_claim_checks_nothing_and_fails(conform):

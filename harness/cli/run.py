@@ -71,7 +71,7 @@ def _backends(specs: list[str], device: str) -> tuple[list[Any], list[str]]:
     """The entries to run, and the names of those left out (they claim no ``device``)."""
     from harness.core.registry import split_by_device
 
-    entries = resolve_backends(specs)
+    entries = resolve_backends(specs, device=device)
     if specs:
         return entries, []
     entries, others = split_by_device(entries, device)
