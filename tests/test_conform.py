@@ -241,12 +241,13 @@ def test_interrupted_run_exits_130_and_writes_no_report(tmp_path, conform):
     assert list(junit.parent.iterdir()) == []
 
 
-def test_a_junit_report_in_a_missing_folder_is_a_usage_error(tmp_path, conform):
-    result = conform("--backend", "reference", "--junitxml", str(tmp_path / "no" / "c.xml"))
+def test_a_junit_report_under_a_file_is_a_usage_error(tmp_path, conform):
+    (tmp_path / "a-file").write_text("x")
+    result = conform("--backend", "reference", "--junitxml", str(tmp_path / "a-file" / "c.xml"))
     assert result.returncode == EXIT_USAGE
-    assert "does not exist" in result.stderr
+    assert "a-file is not a directory" in result.stderr
     assert result.stdout == ""
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] == ["a-file"]
 
 
 def test_a_backend_printing_to_stdout_does_not_break_the_report(conform):
@@ -294,7 +295,8 @@ def test_backend_refusing_everything_fails(conform):
 
 
 def test_examples_option_and_the_coverage_json_next_to_the_junit_report(tmp_path, conform):
-    junit = tmp_path / "conform.xml"
+    """The README's ``--junitxml out/conform.xml``: a folder not there yet is made."""
+    junit = tmp_path / "out" / "conform.xml"
     result = conform(
         "--backend",
         "reference",
@@ -310,7 +312,8 @@ def test_examples_option_and_the_coverage_json_next_to_the_junit_report(tmp_path
     assert result.returncode == EXIT_OK, result.stdout[-3000:]
     header = "coverage of 'reference': 6 examples held, 6 rank-steps"
     assert header in result.stdout
-    data = json.loads((tmp_path / "conform.coverage.json").read_text())
+    assert junit.is_file()
+    data = json.loads((tmp_path / "out" / "conform.coverage.json").read_text())
     reference = data["backends"]["reference"]
     assert reference["examples_by_test"] == {"test_outputs_match_oracle": 6}
     assert reference["dimensions"]["dtype"] == {"float32": 2, "float16": 2, "bfloat16": 2}

@@ -119,7 +119,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         for n in names
     ]
     say(
-        f"main job: {len(names)} backends ({', '.join(names)}) -> {out}: conformance "
+        f"main job: {len(names)} backend{'s' if len(names) != 1 else ''} "
+        f"({', '.join(names)}) -> {out}: conformance "
         f"({args.profile}, {workers} at a time"
         + (f", {per_job} workers each" if per_job > 1 else "")
         + "), then "

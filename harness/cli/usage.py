@@ -98,7 +98,7 @@ def workloads(names: Sequence[str], option: str = "--workload") -> list[Workload
 
 def writable(path: object, option: str) -> None:
     """``path`` can be written as the results store writes (a probe file, removed at once)."""
-    from harness.results.store import check_writable
+    from harness.core.atomic_file import unwritable_reason
 
-    if path is not None and (problem := check_writable(str(path))) is not None:
+    if path is not None and (problem := unwritable_reason(str(path))) is not None:
         raise UsageError(f"{option} {path}: {problem}")
