@@ -129,10 +129,17 @@ def parse_replay(value: str) -> tuple[str, str, bytes]:
         raise ValueError(
             f"--replay expects TEST@VERSION:BLOB as a failure report prints it, got {value!r}"
         )
+    from hypothesis.core import decode_failure
+    from hypothesis.errors import InvalidArgument
+
     try:
         data = ast.literal_eval(f"b'{blob}'")
-    except (SyntaxError, ValueError) as exc:
-        raise ValueError(f"--replay: {blob!r} is not a hypothesis failure blob") from exc
+        decode_failure(data)  # a copy cut short (its '==' left on the next line) fails here
+    except (SyntaxError, ValueError, InvalidArgument) as exc:
+        raise ValueError(
+            f"--replay: {blob!r} is not a whole hypothesis failure blob (copy the whole "
+            f"replay value, up to and including any '=' at its end)"
+        ) from exc
     return test, version, data
 
 
