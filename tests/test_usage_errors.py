@@ -83,7 +83,7 @@ CASES = [
     case("run", "--out", f"{BLOCKER}/run"),
     case("run", "--device", "tpu", also=DEVICES),
     case("run", "--profile", "fast", also=PROFILES),
-    case("run", "--workers", "-1"),
+    case("run", "--workers", "0"),  # as conform: 0 is not "auto", it is refused
     case("run", "--workload", "decode-swep", also=("decode-sweep",)),
     case("report", "RESULTS", "missing.json", "--out", "report"),
     case("report", "--out", BLOCKER, RESULTS),

@@ -49,8 +49,8 @@ def add_run_command(subparsers: Any) -> None:
     )
     p.add_argument(
         "--workers",
-        type=at_least(0),
-        default=0,
+        type=at_least(1),
+        default=None,
         metavar="N",
         help="conformance processes in all: one backend per process, and a backend's tests "
         "spread over the rest when there are more than backends (default: the CPUs this "
@@ -109,7 +109,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {out}: cannot create it: {exc.strerror or exc}") from None
     with contextlib.redirect_stdout(sys.stderr):  # a backend's prints stay out of the log
         names = schedule({e.name: probe_seconds(e, args.device) for e in entries})
-    cpus = args.workers or usable_cpus()
+    cpus = args.workers if args.workers is not None else usable_cpus()
     workers = max(1, min(cpus, len(names)))
     per_job = max(1, cpus // workers)  # more CPUs than backends: each spreads its own tests
     jobs = [
