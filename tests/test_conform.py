@@ -501,3 +501,30 @@ def test_with_columns_every_line_fits_and_the_replay_still_pastes(conform, monke
     assert any(line.startswith("CAUSE  ") for line in lines)  # three failures: grouped
     command = printed_replay(result.stdout)
     assert command[command.index("--replay") + 1].count("@") == 1
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_stop_at_the_first_failure_reports_it_with_any_number_of_workers(
+    workers, tmp_path, conform
+):
+    """``-- -x`` under pytest-xdist once read as a Ctrl-C: exit 130, the failure lost."""
+    junit = tmp_path / "conform.xml"
+    result = conform(
+        "--workers",
+        workers,
+        "--backend",
+        "suites.mutants.backends:TopLeftCausal",
+        "--profile",
+        "kill",
+        "--junitxml",
+        str(junit),
+        "--",
+        "-x",
+        "-k",
+        "test_outputs_match_oracle or test_every_rank_matches_oracle or test_second_run",
+    )
+    assert result.returncode == EXIT_FAILED, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "interrupted" not in result.stderr
+    assert "FAILED suites.mutants.backends:TopLeftCausal · test_" in result.stdout
+    assert "replay:" in result.stdout
+    assert 'failures="0"' not in junit.read_text()
