@@ -698,7 +698,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if is_worker(config):  # the controller reports, saves and judges the whole run
         config.workeroutput[WORKEROUTPUT_KEY] = pack_tallies(run)  # type: ignore[attr-defined]
         return
-    if exitstatus == pytest.ExitCode.INTERRUPTED:
+    if exitstatus == pytest.ExitCode.INTERRUPTED and _stopped_at_maxfail(config, run):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED  # as pytest alone ends such a run
+    if session.exitstatus == pytest.ExitCode.INTERRUPTED:
         return  # a run cut short writes no coverage file and changes no verdict
     if is_controller(config):  # the workers' fixture recorded no JUnit properties
         _junit_properties(config, run)
@@ -707,6 +709,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = 1
     if run.verdicts.nothing_checked() and session.exitstatus == 0:
         session.exitstatus = 1
+
+
+def _stopped_at_maxfail(config: pytest.Config, run: ConformanceSession) -> bool:
+    """Whether the run stopped because ``-x`` / ``--maxfail`` was reached.
+
+    pytest alone ends such a run as failed; pytest-xdist's controller stops
+    its workers by raising an interruption of its own, which would otherwise
+    read as a Ctrl-C and lose the failure it stopped for.
+    """
+    maxfail = int(config.getoption("maxfail", 0) or 0)
+    return maxfail > 0 and run.verdicts.count("failed") >= maxfail
 
 
 def _junit_properties(config: pytest.Config, run: ConformanceSession) -> None:

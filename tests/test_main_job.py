@@ -141,6 +141,7 @@ def test_a_failing_backend_fails_the_job_and_is_still_reported(
     code = main(["run", "--backend", FAILING, "--profile", "kill", "--no-bench", "--out", str(out)])
     printed = capsys.readouterr().out
     assert code == 1
+    assert f"main job: 1 backend ({FAILING})" in printed  # not "1 backends"
     assert f"conformance FAILED for {FAILING}" in printed
     page = (out / "report" / "index.html").read_text()
     assert "RefusesEverything" in page
@@ -152,7 +153,7 @@ def test_an_unwritable_out_folder_is_a_usage_error(
     blocker = tmp_path / "file"
     blocker.write_text("")
     assert main(["run", "--backend", "reference", "--out", str(blocker / "run")]) == 2
-    assert "cannot create" in capsys.readouterr().err
+    assert f"{blocker} is not a directory" in capsys.readouterr().err
 
 
 # -- progress with content, and the closing verdict ------------------------------------

@@ -16,7 +16,6 @@ from harness.results.store import (
     ResultsError,
     RunRecord,
     TimingRecord,
-    check_writable,
     dumps,
     load_results,
     save_results,
@@ -277,11 +276,18 @@ def test_schema_file_is_a_valid_json_schema():
     assert schema()["properties"]["schema_version"]["const"] == SCHEMA_VERSION
 
 
-def test_check_writable(tmp_path):
-    assert check_writable(tmp_path / "new.json") is None
-    assert "is a directory" in check_writable(tmp_path)
-    assert "does not exist" in check_writable(tmp_path / "no" / "such" / "r.json")
-    assert list(tmp_path.iterdir()) == []  # the probe cleaned up after itself
+def test_unwritable_reason_allows_a_folder_the_write_makes(tmp_path):
+    """``--junitxml out/conform.xml`` with no ``out/`` yet is a path the write can make."""
+    from harness.core.atomic_file import unwritable_reason, write_atomically
+
+    assert unwritable_reason(tmp_path / "new.json") is None
+    assert unwritable_reason(tmp_path / "no" / "such" / "r.json") is None
+    assert "is a directory" in unwritable_reason(tmp_path)
+    assert list(tmp_path.iterdir()) == []  # the probe cleaned up after itself, made no folder
+    (tmp_path / "a-file").write_text("x")
+    assert "a-file is not a directory" in unwritable_reason(tmp_path / "a-file" / "sub" / "r.json")
+    write_atomically(tmp_path / "no" / "such" / "r.json", "{}")
+    assert (tmp_path / "no" / "such" / "r.json").read_text() == "{}"
 
 
 def test_unknown_status_is_refused_in_memory():

@@ -236,7 +236,11 @@ def _check_usage(args: argparse.Namespace) -> tuple[list[BackendEntry], list[Wor
     """The backends and workloads asked for, once every value has been checked."""
     found = workloads(args.workload)
     # --list-workloads needs no backend: the registered ones are not loaded for it
-    backends = resolve_backends(args.backend) if args.backend or not args.list_workloads else []
+    backends = (
+        resolve_backends(args.backend, device=args.device)
+        if args.backend or not args.list_workloads
+        else []
+    )
     if args.max_samples < args.min_samples:
         raise UsageError(
             f"--max-samples ({args.max_samples}) is below --min-samples ({args.min_samples})"

@@ -104,8 +104,8 @@ def worker_args(args: argparse.Namespace) -> list[str]:
 
 def _usage_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with the command line, found before any rank starts."""
+    from harness.core.atomic_file import unwritable_reason
     from harness.dist.group import group_problem
-    from harness.results.store import check_writable
 
     for text in args.inject:
         fault = Fault.parse(text)
@@ -114,7 +114,7 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
         if not 1 <= fault.step <= args.steps:
             return f"--inject {text}: step {fault.step} is outside the run's steps 1..{args.steps}"
     if args.json is not None:
-        problem = check_writable(args.json)
+        problem = unwritable_reason(args.json)
         if problem is not None:
             return f"--json {args.json}: {problem}"
     return group_problem(args.dist_backend, args.device, args.dp_size) or _claim_problem(args)
@@ -251,11 +251,11 @@ def add_dist_bench_command(subparsers: Any) -> None:
 def _bench_problem(args: argparse.Namespace, load: Any) -> str | None:
     """What stops the sweep before it starts: the output, the group, the backend's claim."""
     from harness.cli.usage import UsageError, resolve_backends
+    from harness.core.atomic_file import unwritable_reason
     from harness.dist.claims import claim_problems
     from harness.dist.group import group_problem
-    from harness.results.store import check_writable
 
-    problem = check_writable(args.out)
+    problem = unwritable_reason(args.out)
     if problem is not None:
         return f"--out {args.out}: {problem}"
     if max(args.dp_sizes) > args.sequences:

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.arg_types import (
-    creatable_file,
     fraction,
     input_file,
     input_path,
@@ -100,7 +99,7 @@ def add_baseline_command(subparsers: Any) -> None:
     )
     p.add_argument(
         "--out",
-        type=creatable_file,
+        type=output_file,
         metavar="FILE",
         help="default: reports/baselines/DEVICE_CLASS/baseline.json",
     )
@@ -182,19 +181,19 @@ def _closing(report: Any) -> str:
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
+    from harness.core.atomic_file import unwritable_reason
     from harness.gate.baseline import BaselineError, load_baseline
     from harness.gate.device_class import device_class
     from harness.gate.junit import write_gate_junit
     from harness.gate.verdicts import judge
     from harness.report.inputs import ReportError, load_inputs
-    from harness.results.store import check_writable
 
     rename = dict(args.match)
     try:
         inputs = load_inputs(args.results)
     except ReportError as exc:
         return _error("gate", str(exc))
-    if args.junitxml and (why := check_writable(args.junitxml)):
+    if args.junitxml and (why := unwritable_reason(args.junitxml)):
         return _error("gate", f"--junitxml {args.junitxml}: {why}")
     runs = [b.record for b in inputs.bench]
     if not runs:

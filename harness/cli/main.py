@@ -65,14 +65,8 @@ def _describe(entry: BackendEntry) -> dict[str, object]:
         "non_causal": caps.non_causal,
         "max_dp_size": _any(caps.max_dp_size),
         "variants": _variants(caps),
-        "unavailable": _unavailable(entry),
+        "unavailable": entry.unavailable_reason,
     }
-
-
-def _unavailable(entry: BackendEntry) -> str | None:
-    """Why an installed-package backend cannot run here (its ``unavailable_reason()``)."""
-    reason = getattr(entry.cls, "unavailable_reason", None)
-    return reason() if callable(reason) else None
 
 
 def _variants(caps: Any) -> list[str]:
@@ -182,7 +176,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from harness.core.triton_mode import interpret_triton_here
 
     interpret_triton_here()  # the quick check runs on the CPU: Triton kernels are interpreted
-    entries = resolve_backends(args.backend)
+    entries = resolve_backends(args.backend, device="cpu")
     if not args.backend:  # a default run leaves out what claims no CPU (a missing extra)
         entries, others = split_by_device(entries, "cpu")
         for entry in others:

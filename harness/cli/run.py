@@ -49,8 +49,8 @@ def add_run_command(subparsers: Any) -> None:
     )
     p.add_argument(
         "--workers",
-        type=at_least(0),
-        default=0,
+        type=at_least(1),
+        default=None,
         metavar="N",
         help="conformance processes in all: one backend per process, and a backend's tests "
         "spread over the rest when there are more than backends (default: the CPUs this "
@@ -71,7 +71,7 @@ def _backends(specs: list[str], device: str) -> tuple[list[Any], list[str]]:
     """The entries to run, and the names of those left out (they claim no ``device``)."""
     from harness.core.registry import split_by_device
 
-    entries = resolve_backends(specs)
+    entries = resolve_backends(specs, device=device)
     if specs:
         return entries, []
     entries, others = split_by_device(entries, device)
@@ -109,7 +109,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {out}: cannot create it: {exc.strerror or exc}") from None
     with contextlib.redirect_stdout(sys.stderr):  # a backend's prints stay out of the log
         names = schedule({e.name: probe_seconds(e, args.device) for e in entries})
-    cpus = args.workers or usable_cpus()
+    cpus = args.workers if args.workers is not None else usable_cpus()
     workers = max(1, min(cpus, len(names)))
     per_job = max(1, cpus // workers)  # more CPUs than backends: each spreads its own tests
     jobs = [
@@ -119,7 +119,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         for n in names
     ]
     say(
-        f"main job: {len(names)} backends ({', '.join(names)}) -> {out}: conformance "
+        f"main job: {len(names)} backend{'s' if len(names) != 1 else ''} "
+        f"({', '.join(names)}) -> {out}: conformance "
         f"({args.profile}, {workers} at a time"
         + (f", {per_job} workers each" if per_job > 1 else "")
         + "), then "

@@ -54,11 +54,15 @@ def check_machine(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
                 raise UsageError(f"argument {name}: {exc}") from None
 
 
-def resolve_backends(specs: Sequence[str], option: str = "--backend") -> list[BackendEntry]:
+def resolve_backends(
+    specs: Sequence[str], option: str = "--backend", *, device: str | None = None
+) -> list[BackendEntry]:
     """The entries for ``specs`` (every registered one when none); a module's prints go to stderr.
 
     Loading a spec imports its module, whose prints must not break a table or
-    JSON on stdout.
+    JSON on stdout. With ``device``, a backend named that cannot run there (its
+    engine not installed, or no claim of the device) is a usage error saying
+    why, before any case runs: every case would fail or be skipped otherwise.
     """
     from harness.core.errors import BackendLoadError
     from harness.core.registry import default_registry
@@ -73,6 +77,9 @@ def resolve_backends(specs: Sequence[str], option: str = "--backend") -> list[Ba
                 raise UsageError(f"{option} {spec}: {exc.args[0]}") from None
             except BackendLoadError as exc:
                 raise UsageError(f"{option} {spec}: {exc}") from None
+            why = entries[-1].unavailable_on(device) if device is not None else None
+            if why:
+                raise UsageError(f"{option} {spec}: unavailable here: {why}")
         return entries if specs else registry.entries()
 
 
@@ -91,7 +98,7 @@ def workloads(names: Sequence[str], option: str = "--workload") -> list[Workload
 
 def writable(path: object, option: str) -> None:
     """``path`` can be written as the results store writes (a probe file, removed at once)."""
-    from harness.results.store import check_writable
+    from harness.core.atomic_file import unwritable_reason
 
-    if path is not None and (problem := check_writable(str(path))) is not None:
+    if path is not None and (problem := unwritable_reason(str(path))) is not None:
         raise UsageError(f"{option} {path}: {problem}")

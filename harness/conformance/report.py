@@ -129,10 +129,17 @@ def parse_replay(value: str) -> tuple[str, str, bytes]:
         raise ValueError(
             f"--replay expects TEST@VERSION:BLOB as a failure report prints it, got {value!r}"
         )
+    from hypothesis.core import decode_failure
+    from hypothesis.errors import InvalidArgument
+
     try:
         data = ast.literal_eval(f"b'{blob}'")
-    except (SyntaxError, ValueError) as exc:
-        raise ValueError(f"--replay: {blob!r} is not a hypothesis failure blob") from exc
+        decode_failure(data)  # a copy cut short (its '==' left on the next line) fails here
+    except (SyntaxError, ValueError, InvalidArgument) as exc:
+        raise ValueError(
+            f"--replay: {blob!r} is not a whole hypothesis failure blob (copy the whole "
+            f"replay value, up to and including any '=' at its end)"
+        ) from exc
     return test, version, data
 
 
@@ -454,7 +461,9 @@ class CompactReporter:
             self.live.stop()
         if exitstatus == pytest.ExitCode.USAGE_ERROR:
             return  # the caller prints the usage error; there is no verdict
-        if self.interrupted:
+        if self.interrupted and session.exitstatus == pytest.ExitCode.INTERRUPTED:
+            # (-x under pytest-xdist also ends by an interruption, which the plugin has
+            # turned back into a failed run by now)
             print(f"attn-harness conform: {self.interrupted}", file=sys.stderr, flush=True)
             return
         self.header()

@@ -259,9 +259,9 @@ def run_conformance(
         interpret_triton_here()
     problem = usage_problem(specs, profile, device, workers)
     if problem is None and junitxml:
-        from harness.results.store import check_writable
+        from harness.core.atomic_file import unwritable_reason
 
-        unwritable = check_writable(junitxml)
+        unwritable = unwritable_reason(junitxml)
         problem = f"--junitxml {junitxml}: {unwritable}" if unwritable else None
     if problem is not None:
         print(f"attn-harness conform: error: {problem}", file=sys.stderr)

@@ -123,6 +123,9 @@ class ConformanceSession:
             except (BackendLoadError, KeyError) as exc:
                 message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
                 raise ValueError(f"--backend {spec}: {message}") from exc
+            why = entries[-1].unavailable_on(self.device)
+            if why:
+                raise ValueError(f"--backend {spec}: unavailable here: {why}")
         self.entries = entries if self.options.specs else None
 
     def selected_entries(self) -> list[Any]:
@@ -131,7 +134,7 @@ class ConformanceSession:
         A registered backend that claims no such device here (a built-in whose
         optional package is not installed) is left out of a default run and
         named in the header, rather than failing it for checking nothing; asked
-        for by name, it runs and fails so.
+        for by name, it is a usage error saying why (``resolve_backends``).
         """
         if self.entries is None:
             from harness.core.registry import default_registry, split_by_device

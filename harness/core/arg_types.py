@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from harness.core.atomic_file import unwritable_reason
 from harness.core.exit_codes import EXIT_USAGE
 
 
@@ -207,43 +208,17 @@ def _readable_file(text: str) -> None:
         raise argparse.ArgumentTypeError(f"{text} is a directory, not a file")
 
 
-def _writable_folder(folder: Path, prefix: str) -> None:
-    if not folder.is_dir():
-        what = "is not a directory" if folder.exists() else "does not exist"
-        raise argparse.ArgumentTypeError(f"{prefix}: folder {folder} {what}")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"{prefix}: cannot write in folder {folder}")
-
-
-def _file_writable(text: str) -> None:
-    path = Path(text)
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a directory")
-    _writable_folder(path.parent if str(path.parent) else Path("."), text)
-    if path.exists() and not os.access(path, os.W_OK):
-        raise argparse.ArgumentTypeError(f"{text} is not writable")
-
-
-def _folder_creatable(text: str) -> None:
+def _writable_folder(text: str) -> None:
     path = Path(text)
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} exists and is not a directory")
-    existing = path
-    while not existing.exists():
-        existing = existing.parent
-    _writable_folder(existing, f"cannot create {text}" if existing != path else text)
+    if (problem := unwritable_reason(path / ".probe")) is not None:
+        raise argparse.ArgumentTypeError(f"{text}: {problem}")
 
 
-def _file_creatable(text: str) -> None:
-    path = Path(text)
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a directory")
-    try:
-        _folder_creatable(str(path.parent))
-    except argparse.ArgumentTypeError as exc:
-        raise argparse.ArgumentTypeError(f"{text}: {exc}") from None
-    if path.exists() and not os.access(path, os.W_OK):
-        raise argparse.ArgumentTypeError(f"{text} is not writable")
+def _file_writable(text: str) -> None:
+    if (problem := unwritable_reason(text)) is not None:
+        raise argparse.ArgumentTypeError(f"{text}: {problem}")
 
 
 input_path = MachineChecked("path", _named("file or folder"), _readable)
@@ -253,15 +228,13 @@ input_file = MachineChecked("file", _named("file"), _readable_file)
 """A file that exists and can be read (not a folder)."""
 
 output_file = MachineChecked("file", _named("file"), _file_writable)
-"""A file that can be written: not a folder, in a folder that exists and can be written.
-Nothing is created by the check; the command writes the file (atomically) once it has it."""
+"""A file that can be written: not a folder; its folder exists and can be written, or can
+be made (``harness.core.atomic_file.unwritable_reason``). Nothing is created by the check;
+the command writes the file (atomically, making missing folders) once it has it."""
 
-output_dir = MachineChecked("folder", _named("folder"), _folder_creatable)
+output_dir = MachineChecked("folder", _named("folder"), _writable_folder)
 """A folder that exists and can be written, or can be made: the nearest folder above it
 that exists can be written (missing parents are made too). Nothing is created by the check."""
-
-creatable_file = MachineChecked("file", _named("file"), _file_creatable)
-"""``output_file``, but its folder (and missing parents) may be made when it is written."""
 
 
 def name_pair(text: str) -> tuple[str, str]:

@@ -2,7 +2,8 @@
 
 A reader (a CI step, another process, the next command, a rank polling a heartbeat)
 sees the old file or the new one, never part of one, and a failure at any point
-removes the temporary file. The one place the project writes a file it shares.
+removes the temporary file. The one place the project writes a file it shares, and
+the one check of whether it can (``unwritable_reason``), made before a long run starts.
 """
 
 from __future__ import annotations
@@ -69,3 +70,28 @@ def write_json_atomically(
     """
     text = json.dumps(data, indent=indent, allow_nan=allow_nan) + "\n"
     return write_atomically(path, text)
+
+
+def unwritable_reason(path: str | os.PathLike[str]) -> str | None:
+    """Why ``write_atomically(path)`` would fail, or ``None``; creates nothing that stays.
+
+    A missing folder is no problem (the write makes it), so the nearest folder
+    above that exists must take a new entry: a temporary file is made there and
+    removed at once, which is what shows a read-only mount or a permission.
+    """
+    target = Path(path)
+    if target.is_dir():
+        return f"{target} is a directory"
+    existing = target.parent if str(target.parent) else Path(".")
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=f".{target.name}.", suffix=".probe"):
+            pass
+    except OSError as exc:
+        return f"cannot write in {existing}: {exc.strerror or exc}"
+    if target.exists() and not os.access(target, os.W_OK):
+        return f"{target} is not writable"
+    return None

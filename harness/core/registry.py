@@ -89,6 +89,27 @@ class BackendEntry:
         """The class as users name it: ``package.module.Class`` or ``path/to/file.py:Class``."""
         return class_label(self.cls)
 
+    @property
+    def unavailable_reason(self) -> str | None:
+        """Why the backend cannot run on this machine at all (its class's
+        ``unavailable_reason()``, such as an engine wheel not installed); ``None``: it can."""
+        reason = getattr(self.cls, "unavailable_reason", None)
+        return reason() if callable(reason) else None
+
+    def unavailable_on(self, device: str) -> str | None:
+        """Why a run on ``device`` can check nothing of this backend; ``None`` if it can."""
+        reason = self.unavailable_reason
+        if reason:
+            return reason
+        try:
+            devices = self.capabilities.devices
+        except TypeError:  # a malformed claim is reported where it is used, as an error
+            return None
+        if device in devices:
+            return None
+        claimed = f"it claims {', '.join(devices)} only" if devices else "it claims no device"
+        return f"{claimed}, not {device!r}"
+
 
 def class_label(entry_or_cls: BackendEntry | type) -> str:
     """How to show a backend class to users.

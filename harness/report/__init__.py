@@ -99,10 +99,14 @@ def _swap_in(fresh: Path, out: Path) -> None:
 
 
 def _parent(out: Path) -> Path:
-    parent = out.parent
-    if not parent.is_dir():
-        raise ReportError(f"--out {out}: folder {parent} does not exist")
-    return parent
+    """The folder ``out`` goes in; missing folders above it are made once the report is
+    rendered, so the nearest one that exists must be a folder."""
+    existing = out.parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ReportError(f"--out {out}: {existing} is not a directory")
+    return out.parent
 
 
 def build_report(
@@ -118,6 +122,7 @@ def build_report(
     _check_target(out)
     files = _render(paths, title or DEFAULT_TITLE)
     try:
+        parent.mkdir(parents=True, exist_ok=True)
         fresh = Path(tempfile.mkdtemp(dir=parent, prefix=f".{out.name}.", suffix=".tmp"))
     except OSError as exc:
         raise ReportError(f"--out {out}: cannot write in {parent}: {exc.strerror or exc}") from None

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -355,25 +354,3 @@ def load_results(path: str | os.PathLike[str]) -> RunRecord:
     except UnicodeDecodeError:
         raise ResultsError(f"{source}: not a text (UTF-8) file") from None
     return loads(text, origin=str(source))
-
-
-def check_writable(path: str | os.PathLike[str]) -> str | None:
-    """Why ``path`` cannot be written, or ``None``: checked before a long run starts.
-
-    Creates and removes a temporary file in the target folder, which is what
-    ``save_results`` will do, so permissions and read-only mounts show.
-    """
-    target = Path(path)
-    if target.is_dir():
-        return f"{target} is a directory"
-    folder = target.parent if str(target.parent) else Path(".")
-    if not folder.is_dir():
-        return f"folder {folder} does not exist"
-    try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{target.name}.", suffix=".probe"):
-            pass
-    except OSError as exc:
-        return f"cannot write in {folder}: {exc.strerror or exc}"
-    if target.exists() and not os.access(target, os.W_OK):
-        return f"{target} is not writable"
-    return None
