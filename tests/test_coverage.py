@@ -149,7 +149,14 @@ def test_the_plugin_fails_a_complete_run_with_a_gap():
     assert run.whole_suite_ran("reference")
     gaps = run.coverage_gaps()["reference"]
     assert ("dtype", "bfloat16") in {(g.dimension, g.wanted) for g in gaps}
-    assert any("passed nothing for" in what for what, _ in run.problems())
+    ((what, meaning),) = run.problems()
+    assert "passed nothing for" in what
+    assert "Declare what the backend cannot do" in meaning
+    run.verdicts.record("reference", "test_outputs_match_oracle", "failed")
+    ((what, meaning),) = run.problems()  # a gap after failures is no limitation to declare
+    assert "passed nothing for" in what
+    assert "fix the failures first" in meaning
+    assert "Declare" not in meaning
     partial = ConformanceSession(
         ConformanceOptions(profile="ci"), entries=[reference], coverage=log
     )

@@ -485,12 +485,19 @@ class ConformanceSession:
         problems = []
         for name, gaps in sorted(self.coverage_gaps().items()):
             if gaps:
+                failed = sum(c["failed"] for c in self.verdicts.outcomes.get(name, {}).values())
+                meaning = (
+                    "tests of it failed, and a failing test draws nothing after its failure: "
+                    "fix the failures first; these values may well be reached then."
+                    if failed
+                    else "the profile promises these inside its claim. Declare what the "
+                    "backend cannot do in capabilities(), or see which draws it refused."
+                )
                 problems.append(
                     (
                         f"backend {name!r} passed nothing for "
                         + "; ".join(f"{g.dimension} {g.wanted}" for g in gaps),
-                        "the profile promises these inside its claim. Declare what the backend "
-                        "cannot do in capabilities(), or see which draws it refused.",
+                        meaning,
                     )
                 )
         for name in self.verdicts.nothing_checked():
