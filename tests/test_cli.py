@@ -310,6 +310,9 @@ def test_check_crashing_constructor_reports_errors(capsys: pytest.CaptureFixture
     errors = [line for line in captured.out.splitlines() if line.startswith("ERROR ")]
     assert len(errors) == 1  # one line per distinct error
     assert "RuntimeError: CrashingBackend refuses to be constructed" in errors[0]
+    # where, in the backend's own file: a newcomer's shape error named no file or line
+    assert "(at " + str(FIXTURES / "cli_backends.py") + ":" in errors[0]
+    assert 'raise RuntimeError("CrashingBackend refuses to be constructed"))' in errors[0]
     assert errors[0].endswith("(and 71 more cases the same)")
     assert "Traceback" not in captured.out + captured.err
     assert _rows(captured.out)[spec][1:4] == ["0", "0", "72"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
@@ -20,7 +21,7 @@ from harness.conformance.properties import bits
 from harness.conformance.strategies import claimed_head_dims, claimed_page_sizes
 from harness.core.contract import Capabilities
 from harness.core.dtypes import dtype_name
-from harness.core.errors import Unsupported
+from harness.core.errors import Unsupported, raised_at
 from harness.core.kv_pages import PoolLayout, pages_needed
 from harness.core.registry import BackendEntry
 from harness.numerics.scenario import (
@@ -198,6 +199,20 @@ def _run_case(entry: BackendEntry, scenario: Scenario) -> tuple[str, str]:
     return ("PASSED" if all(c.passed for c in checks) else "FAILED"), worst.describe()
 
 
+HARNESS_DIR = str(Path(__file__).resolve().parents[1])
+
+
+def _outside_libraries(filename: str) -> bool:
+    """A file of the backend's own code: not the harness's, not an installed package's."""
+    path = str(Path(filename).resolve())
+    return not (
+        path.startswith(HARNESS_DIR)
+        or "site-packages" in path
+        or "dist-packages" in path
+        or filename.startswith("<")
+    )
+
+
 def run_quick_check(entry: BackendEntry) -> list[CaseResult]:
     """Run every quick scenario on ``entry``; no exception escapes, each case gets a status."""
     try:
@@ -216,7 +231,7 @@ def run_quick_check(entry: BackendEntry) -> list[CaseResult]:
             results.append(CaseResult(entry.name, case, "FAILED", detail, scenario))
             continue
         except Exception as exc:  # reported per case, with its type, never swallowed silently
-            error = f"{type(exc).__name__}: {exc}"
+            error = f"{type(exc).__name__}: {exc}{raised_at(exc, _outside_libraries)}"
             results.append(CaseResult(entry.name, case, "ERROR", error, scenario))
             continue
         results.append(CaseResult(entry.name, case, status, detail, scenario))

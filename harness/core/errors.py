@@ -7,6 +7,9 @@ suites tell *why* something was rejected.
 
 from __future__ import annotations
 
+import traceback
+from collections.abc import Callable
+
 
 class Unsupported(ValueError):
     """A backend refuses a capability it does not have (dtype, page size, ...).
@@ -56,3 +59,14 @@ class SpecWithoutClass(BackendLoadError, KeyError):
 
 class OutOfPages(RuntimeError):
     """A DP rank's page range has no free page left for an allocation."""
+
+
+def raised_at(exc: BaseException, keep: Callable[[str], bool]) -> str:
+    """`` (at FILE:LINE: SOURCE)``: the deepest frame ``exc`` passed through whose file
+    ``keep`` accepts (the backend's own code), so a one-line error says where to look;
+    ``""`` when no frame is kept."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if keep(f.filename)]
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f" (at {last.filename}:{last.lineno}: {last.line})"

@@ -20,7 +20,6 @@ import importlib
 import importlib.util
 import inspect
 import sys
-import traceback
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.contract import Capabilities, capabilities_of
-from harness.core.errors import BackendLoadError, SpecWithoutClass
+from harness.core.errors import BackendLoadError, SpecWithoutClass, raised_at
 from harness.core.validate import validate_dp_config
 
 ENTRY_POINT_GROUP = "attn_harness.backends"
@@ -326,17 +325,9 @@ def _import_file(path: Path, spec: str, shown: str | None = None) -> Any:
         del sys.modules[name]
         raise BackendLoadError(
             f"importing {str(path)!r} of backend spec {spec!r} failed: {type(exc).__name__}: "
-            f"{exc}{_raised_at(exc, resolved)}"
+            f"{exc}{raised_at(exc, lambda name: Path(name) == resolved)}"
         ) from exc
     return module
-
-
-def _raised_at(exc: BaseException, path: Path) -> str:
-    """`` (at FILE:LINE)``: the last line of the backend's file the error passed through."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
-    if not frames:
-        return ""
-    return f" (at {frames[-1].filename}:{frames[-1].lineno}: {frames[-1].line})"
 
 
 def _class_suggestion(module: Any, attr: str) -> str:
