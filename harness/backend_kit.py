@@ -42,6 +42,11 @@ An engine that keeps its own page format subclasses ``PageFormat`` (its
 ``PageTensors``) and names it in ``Capabilities.page_format``; every cache the
 harness makes for the backend then comes from it, read back through the views.
 
+A backend that wraps a Triton kernel runs it on CPU tensors under Triton's
+interpreter: call ``interpret_triton_here()`` before anything imports triton
+(it also makes the interpreter's bf16 arithmetic that of compiled Triton);
+``triton_interprets()`` says whether this process interprets.
+
 Cache memory outside the sequences is unspecified; the conformance suite
 fills it with NaN, so a kernel that reads past a sequence's end returns NaN.
 
@@ -62,6 +67,7 @@ from harness.core.engine_metadata import (
 from harness.core.kv_pages import put_rows, take_rows
 from harness.core.page_formats import PageFormat, PageTensors
 from harness.core.paged_base import PagedBackendBase, PreparedStep
+from harness.core.triton_mode import interpret_triton_here, triton_interprets
 from harness.core.validate import (
     CacheGeometry,
     CheckedMetadata,
@@ -90,11 +96,13 @@ __all__ = [
     "check_rank_ownership",
     "dequantize",
     "flashinfer_metadata",
+    "interpret_triton_here",
     "put_rows",
     "quantize",
     "read_metadata",
     "sglang_metadata",
     "take_rows",
+    "triton_interprets",
     "validate_backend_args",
     "validate_forward_inputs",
     "validate_layer_caches",

@@ -33,7 +33,15 @@ LAYERS = {
 }
 """Each subsystem's layer: a module may import its own package and lower layers only."""
 
-ENTRY_MODULES = {"__init__", "__main__", "backend_kit", "benchmark_json", "gpu_check"}
+ENTRY_MODULES = {
+    "__init__",
+    "__main__",
+    "backend_kit",
+    "benchmark_json",
+    "gpu_check",
+    "contract",
+    "errors",
+}
 """Top-level modules: the public entry points (``harness.X``, ``python -m harness...``)."""
 
 MAX_LINES = 600
