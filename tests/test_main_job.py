@@ -265,7 +265,8 @@ def test_the_closing_verdict_counts_every_flag_of_the_results_file(tmp_path: Pat
     spread = "ceiling spread: float32 matmul 36 GFLOP/s to 107 GFLOP/s over 3 probes (66%); y"
     _results(results, [spread], [error])
     assert closing_verdict([], 0, results, log) == (
-        "main job: conformance passed; bench passed (1 PASSED, 1 UNSUPPORTED), 2 flags: "
+        "main job: conformance passed; bench passed (no backend cases; peer: 1 PASSED, "
+        "1 UNSUPPORTED), 2 flags: "
         "1 ceiling spread (float32 matmul 36 GFLOP/s to 107 GFLOP/s over 3 probes), "
         "1 measurement error (compute at 220% of its ceiling)"
     )
@@ -274,7 +275,7 @@ def test_the_closing_verdict_counts_every_flag_of_the_results_file(tmp_path: Pat
     )
     _results(results, [], [], status="TIMEOUT")
     assert closing_verdict([], 1, results, log).endswith(
-        "bench FAILED (1 PASSED, 1 TIMEOUT), no flags"
+        "bench FAILED (no backend cases; peer: 1 PASSED, 1 TIMEOUT), no flags"
     )
 
 

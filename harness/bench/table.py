@@ -68,14 +68,31 @@ def flag_summary(flags: Sequence[str], kinds: int = SUMMARY_KINDS) -> str:
 def bench_verdict(record: RunRecord) -> str:
     """``passed (4 PASSED, 2 UNSUPPORTED), no flags`` or ``FAILED (...), 3 flags: ...``.
 
+    The counts are the backends' cases, as the report's "cases timed" counts them;
+    the SDPA peer's are added only where one of them did not pass.
+
     The closing line of ``attn-harness bench`` (after ``bench: ``) and the bench
     part of the main job's closing line. Failed: a case failed, or nothing passed.
     """
-    counts: dict[str, int] = {}
-    for case in record.cases:
-        counts[case.status] = counts.get(case.status, 0) + 1
-    failed = any(s in FAILING for s in counts) or "PASSED" not in counts
-    shown = ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no cases"
+    from harness.bench.peer import PEER_NAME
+
+    def tally(cases: list[Any]) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for case in cases:
+            counts[case.status] = counts.get(case.status, 0) + 1
+        return counts
+
+    def listed(counts: dict[str, int]) -> str:
+        return ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+
+    every = tally(record.cases)
+    failed = any(s in FAILING for s in every) or "PASSED" not in every
+    # the backends' cases, as the report counts them; the peer's only where one did not pass
+    backends = tally([c for c in record.cases if c.backend != PEER_NAME])
+    peer = tally([c for c in record.cases if c.backend == PEER_NAME])
+    shown = listed(backends) or ("no backend cases" if peer else "no cases")
+    if set(peer) - {"PASSED"}:
+        shown += f"; peer: {listed(peer)}"
     partial = ", partial" if record.partial else ""
     verdict = "FAILED" if failed else "passed"
     return f"{verdict} ({shown}{partial}), {flag_summary(all_flags(record))}"
