@@ -7,6 +7,7 @@ command line, the report and the GPU script.
 from __future__ import annotations
 
 import textwrap
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,20 +77,14 @@ def bench_verdict(record: RunRecord) -> str:
     """
     from harness.bench.peer import PEER_NAME
 
-    def tally(cases: list[Any]) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for case in cases:
-            counts[case.status] = counts.get(case.status, 0) + 1
-        return counts
-
-    def listed(counts: dict[str, int]) -> str:
+    def listed(counts: Counter[str]) -> str:
         return ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
 
-    every = tally(record.cases)
+    every = Counter(c.status for c in record.cases)
     failed = any(s in FAILING for s in every) or "PASSED" not in every
     # the backends' cases, as the report counts them; the peer's only where one did not pass
-    backends = tally([c for c in record.cases if c.backend != PEER_NAME])
-    peer = tally([c for c in record.cases if c.backend == PEER_NAME])
+    backends = Counter(c.status for c in record.cases if c.backend != PEER_NAME)
+    peer = Counter(c.status for c in record.cases if c.backend == PEER_NAME)
     shown = listed(backends) or ("no backend cases" if peer else "no cases")
     if set(peer) - {"PASSED"}:
         shown += f"; peer: {listed(peer)}"

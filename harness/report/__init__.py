@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from harness.core.atomic_file import unwritable_reason
 from harness.report.inputs import ReportError
 
 __all__ = ["ReportError", "build_report"]
@@ -101,11 +102,8 @@ def _swap_in(fresh: Path, out: Path) -> None:
 def _parent(out: Path) -> Path:
     """The folder ``out`` goes in; missing folders above it are made once the report is
     rendered, so the nearest one that exists must be a folder."""
-    existing = out.parent
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ReportError(f"--out {out}: {existing} is not a directory")
+    if (problem := unwritable_reason(out.parent / ".probe")) is not None:
+        raise ReportError(f"--out {out}: {problem}")
     return out.parent
 
 
