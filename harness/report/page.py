@@ -193,7 +193,8 @@ def _verdict_performance(verdict: Verdict) -> str:
             else ""
         )
         + " Of ceiling: the share of the binding roofline "
-        "ceiling (memory bandwidth or matmul rate) measured in the same run.</p>"
+        "ceiling (memory bandwidth or matmul rate) measured in the same run; bound: "
+        "the ceiling that binds its timed cases, with counts where they differ.</p>"
     )
     return "<h3>Performance</h3>" + intro + _table(header, rows)
 

@@ -72,7 +72,7 @@ class PerformanceLine:
     ratio: Range | None  # median forward time over the peer's, across timed cases
     ratio_engine: Range | None  # ... over the run's engine peer's (None: no engine peer)
     roofline: Range | None  # share of the binding ceiling, across timed cases
-    bound: str | None  # the ceiling most of its cases are bound by
+    bound: str | None  # the ceilings its cases are bound by, with counts where they differ
     failing: tuple[str, ...] = ()  # "case: STATUS" of each case that did not pass
     unsupported: int = 0
     unsupported_reason: str | None = None  # the most common reason the backend gave
@@ -210,6 +210,16 @@ def _most_common(values: Sequence[str]) -> str | None:
     return Counter(values).most_common(1)[0][0] if values else None
 
 
+def bound_mix(bounds: Sequence[str]) -> str | None:
+    """``"memory"`` where every case is bound by memory; ``"memory 60, compute 20"`` where
+    they differ: a backend's decode cases outnumber its prefill ones, and the most common
+    bound alone would call its compute-bound cases memory-bound."""
+    counts = Counter(bounds).most_common()
+    if len(counts) <= 1:
+        return counts[0][0] if counts else None
+    return ", ".join(f"{bound} {count}" for bound, count in counts)
+
+
 def _performance(run: AnalysedRun) -> list[PerformanceLine]:
     lines = []
     for backend in dict.fromkeys(s.case.backend for s in run.cases):
@@ -233,7 +243,7 @@ def _performance(run: AnalysedRun) -> list[PerformanceLine]:
                 ratio=Range.of(ratios),
                 ratio_engine=Range.of(to_engine),
                 roofline=Range.of(fractions),
-                bound=_most_common([s.bound for s in timed if s.bound]),
+                bound=bound_mix([s.bound for s in timed if s.bound]),
                 failing=failing,
                 unsupported=sum(s.case.status == UNSUPPORTED for s in cases),
                 unsupported_reason=_most_common(
