@@ -576,6 +576,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.outcome, report.longrepr = "passed", None  # the fix held: green, not red
         report.sections.append(("replay", "the replayed example passes now: the fix held"))
         run.replay_held = True
+    unchecked = len(run.unchecked_here(entry.name)) if report.when == "call" else 0
+    if unchecked:  # the report (attn-harness report) shows them beside the examples held
+        item.user_properties.append(("not_checked", str(unchecked)))
     reason = run.nothing_affordable(entry.name) if report.when == "call" and report.passed else None
     if reason is not None:  # every example over the cost budget: not checked, not passed
         report.outcome, report.longrepr = "skipped", (str(item.path), item.location[1] or 0, reason)

@@ -134,6 +134,15 @@ def test_verdict_cells():
     assert failed.startswith("attn-harness conform: FAILED: 1 of 6 tests failed (a, b)")
 
 
+def test_a_passing_closing_line_counts_the_unsupported_tests_the_report_shows():
+    verdicts = Verdicts()
+    for test in ("test_oracle", "test_rejects"):
+        verdicts.record("a", test, "passed")
+    verdicts.record("a", "test_fp8", "skipped")
+    line = closing_line(verdicts, 1.0, [], not_checked=2)
+    assert "every property held for a (3 tests; 1 unsupported, not run; 2 examples not" in line
+
+
 def test_closing_line_passes_only_without_failures_or_problems():
     verdicts = Verdicts()
     verdicts.record("a", "test_oracle", "passed")

@@ -267,7 +267,7 @@ CHECK_ROW = re.compile(
 )
 TOP_LEFT = re.compile(r"\(`visible\.tril\(\)`\).*?(\d+) of the (\d+) cases failed", re.DOTALL)
 CONFORM_LINE = re.compile(
-    r"PASSED: every property held for my_backend\.py:MyBackend \((\d+) tests\)"
+    r"PASSED: every property held for my_backend\.py:MyBackend \((\d+) tests[;)]"
 )
 QUOTED_FAILURE = re.compile(r"^FAILED +top_left\.py:TopLeft: ([^:]+): ", re.MULTILINE)
 SECONDS = re.compile(r"\b\d+(?:\.\d+)? ?(?:s|seconds?|ms|min|minutes?)\b")

@@ -306,10 +306,12 @@ def closing_line(
         verdict = "FAILED: " + "; ".join(problems)
     else:
         backends = ", ".join(verdicts.outcomes) or "no backend"
-        left = (
-            f"; {_plural(not_checked, 'example')} not checked, over budget" if not_checked else ""
-        )
-        verdict = f"PASSED: every property held for {backends} ({_plural(tests, 'test')}{left})"
+        skipped = verdicts.count("skipped")
+        notes = [f"{skipped} unsupported, not run"] if skipped else []
+        if not_checked:
+            notes.append(f"{_plural(not_checked, 'example')} not checked, over budget")
+        counted = "; ".join([_plural(tests, "test"), *notes])
+        verdict = f"PASSED: every property held for {backends} ({counted})"
     return f"attn-harness conform: {verdict} in {seconds:.0f} s"
 
 

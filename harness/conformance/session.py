@@ -204,12 +204,14 @@ class ConformanceSession:
             counts.setdefault(skipped.backend, Counter())[function] += 1
         return counts
 
+    def unchecked_here(self, backend: str) -> list[Any]:
+        """The running test's examples that the cost budget left unchecked."""
+        item = self.current_item()
+        return [n for n in self.cost.not_checked(backend) if n.test == item] if self.cost else []
+
     def nothing_affordable(self, backend: str) -> str | None:
         """Why the running test checked nothing, when the cost budget refused its every example."""
-        if self.cost is None:
-            return None
-        item = self.current_item()
-        left = [n for n in self.cost.not_checked(backend) if n.test == item]
+        item, left = self.current_item(), self.unchecked_here(backend)
         if not left or self.cost.checked_in(backend, item):
             return None
         cheapest = min(n.seconds for n in left)

@@ -132,10 +132,13 @@ def _verdict_conformance(verdict: Verdict) -> str:
         if line.failures:
             failures = f"{len(line.failures)} failed test(s)"
             links = {7: f"#failure-{line.failures[0] + 1}"}
-        numbers = [line.passed, line.failed, line.unsupported, line.tests, line.examples]
+        numbers = [line.passed, line.failed, line.unsupported, line.tests]
+        examples = str(line.examples)
+        if line.not_checked:
+            examples += f" ({line.not_checked} not checked: over the interpreted budget)"
         rows.append(
             Row(
-                [line.backend, outcome, *map(str, numbers), failures],
+                [line.backend, outcome, *map(str, numbers), examples, failures],
                 "failed" if line.failed else None,
                 frozenset(range(2, 7)),
                 {1: f"verdict-{outcome.lower()}"},

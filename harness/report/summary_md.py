@@ -61,7 +61,10 @@ def _verdict(verdict: Verdict) -> list[str]:
         rows = [
             [
                 md(c.backend),
-                "FAILED" if c.failed else "passed",
+                ("FAILED" if c.failed else "passed")
+                + (
+                    f" ({c.not_checked} examples not checked: over budget)" if c.not_checked else ""
+                ),
                 f"{c.passed}/{c.tests}",
                 str(c.failed),
                 str(c.unsupported),

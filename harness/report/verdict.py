@@ -41,6 +41,7 @@ class ConformanceLine:
     unsupported: int
     examples: int
     failures: tuple[int, ...] = ()
+    not_checked: int = 0  # examples an interpreted run's cost budget left out
 
     @property
     def tests(self) -> int:
@@ -198,6 +199,7 @@ def _conformance(runs: Sequence[ConformanceRun]) -> tuple[list[ConformanceLine],
                 unsupported=outcomes["unsupported"],
                 examples=sum(run.examples.get(backend, {}).values()),
                 failures=tuple(numbers.get((index, backend), ())),
+                not_checked=sum(c.not_checked for c in run.cases if c.backend == backend),
             )
         )
     return lines, failures
