@@ -362,7 +362,8 @@ def test_a_backend_bound_by_both_ceilings_says_so_with_counts(tmp_path):
     path = write_json(tmp_path / "mixed.json", data)
     runs = runs_of(path)
     own = [c.bound for c in runs[0].cases if c.case.backend == "sdpa" and c.valid]
-    assert own.count("compute") == 1 and own.count("memory") == len(own) - 1
+    assert own.count("compute") == 1
+    assert own.count("memory") == len(own) - 1
     lines = {line.backend: line for line in verdict_of(load_inputs([path]), runs).performance}
     assert lines["sdpa"].bound == f"memory {len(own) - 1}, compute 1"
     assert lines["reference"].bound == "memory"  # one bound: no counts
