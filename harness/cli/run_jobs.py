@@ -147,12 +147,14 @@ class Done:
     left: str | None = None  # "3 min", "40 s": what the step itself said
 
     def estimate(self, elapsed: float) -> str | None:
-        """The step's estimate, else one from the rate so far (none before the first)."""
+        """The step's estimate, else one from the pace so far (none before a quarter)."""
+        from harness.conformance.progress import seconds_left
+
         if self.left:
             return self.left
-        if not 0 < self.done < self.total:
+        seconds = seconds_left(elapsed, self.done, self.total)
+        if seconds is None:
             return None
-        seconds = elapsed / self.done * (self.total - self.done)
         return f"{seconds:.0f} s" if seconds < 60 else f"{seconds / 60:.0f} min"
 
 
