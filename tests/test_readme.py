@@ -162,7 +162,9 @@ def test_every_option_of_every_command_is_in_the_commands_page():
             if action.help == argparse.SUPPRESS or "--help" in action.option_strings:
                 continue
             if not action.option_strings:  # a positional: its metavar is in the usage line
-                assert f" {action.metavar}" in text, f"{name} {action.metavar} not in {COMMANDS.name}"
+                assert f" {action.metavar}" in text, (
+                    f"{name} {action.metavar} not in {COMMANDS.name}"
+                )
                 continue
             shown = [
                 f for f in action.option_strings if re.search(rf"(?<![\w-]){f}(?![\w-])", text)
