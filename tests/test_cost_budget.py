@@ -7,8 +7,9 @@ import re
 import pytest
 
 from harness.conformance.cost_budget import CostLedger, CostMeter, scenarios_work, step_work
+from harness.conformance.options import ConformanceOptions
 from harness.conformance.profiles import get_profile
-from harness.conformance.session import ConformanceOptions, ConformanceSession
+from harness.conformance.session import ConformanceSession
 from harness.core.registry import BackendEntry
 from harness.numerics.scenario import Scenario
 from harness.report import build_report
