@@ -37,7 +37,6 @@ ENTRY_MODULES = {
     "__init__",
     "__main__",
     "backend_kit",
-    "benchmark_json",
     "gpu_check",
     "contract",
     "errors",
