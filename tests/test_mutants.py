@@ -18,7 +18,7 @@ import pytest
 from suites.mutants.backends import MUTANTS
 from suites.mutants.catchers import CAUGHT_BY
 from suites.mutants.dimensions import EXPECTED, triage_rate
-from suites.mutants.kill_matrix import BUILTINS, SUBSUMED, Verdict, mutant_specs, run_suite
+from suites.mutants.kill_matrix import BUILTINS, SUBSUMED, SuiteVerdict, mutant_specs, run_suite
 
 pytestmark = pytest.mark.xdist_group("kill-matrix")  # one worker computes the shared fixture
 
@@ -47,7 +47,7 @@ def _selection() -> dict[str, list[str] | str]:
 
 
 @pytest.fixture(scope="module")
-def verdicts() -> dict[str, Verdict]:
+def verdicts() -> dict[str, SuiteVerdict]:
     selection = _selection()
     return run_suite(list(selection), profile="kill", tests=selection)
 

@@ -45,8 +45,8 @@ import torch
 
 from harness import __version__
 from harness.bench.case_check import (
+    CaseCheck,
     PreparedCase,
-    Verdict,
     case_id,
     check_backend,
     check_output,
@@ -174,7 +174,7 @@ class BenchConfig:
 
 
 ProgressFn = Callable[[int, int, str], None]
-Attempt = tuple[Verdict, dict[str, TimingRecord]]
+Attempt = tuple[CaseCheck, dict[str, TimingRecord]]
 SDPA_BACKEND_CLASSES = frozenset({"reference_backends.sdpa.SdpaBackend"})
 """Backends timed under a pinned SDPA kernel, like the peer: the ones that call SDPA."""
 
@@ -278,9 +278,9 @@ class _Runner:
                 if verdict.status == "PASSED":  # a wrong peer gives no ratio: do not time it
                     timings["forward"] = self._time_forward(peer)
         except CaseTimeout as exc:
-            verdict, timings = Verdict("TIMEOUT", f"peer: {describe(exc)}"), {}
+            verdict, timings = CaseCheck("TIMEOUT", f"peer: {describe(exc)}"), {}
         except Exception as exc:  # the harness's own peer failed: say so, keep going
-            verdict, timings = Verdict("RUNTIME_ERROR", f"peer: {describe(exc)}"), {}
+            verdict, timings = CaseCheck("RUNTIME_ERROR", f"peer: {describe(exc)}"), {}
         return verdict, timings
 
     def run_peer(self, case: PreparedCase) -> CaseRecord:
@@ -328,9 +328,9 @@ class _Runner:
                     timings["prepare"] = self._time_prepare(checked.prepare_fn(case))
                     timings["forward"] = self._time_forward(checked.forward_fn(case))
         except CaseTimeout as exc:
-            verdict, timings = Verdict("TIMEOUT", describe(exc)), {}
+            verdict, timings = CaseCheck("TIMEOUT", describe(exc)), {}
         except Exception as exc:  # raised while timing: its samples are not a result
-            verdict, timings = Verdict(classify(exc), f"during timing: {describe(exc)}"), {}
+            verdict, timings = CaseCheck(classify(exc), f"during timing: {describe(exc)}"), {}
         return verdict, timings
 
     def run_case(

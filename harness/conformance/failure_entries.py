@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 def failure_entry(item: pytest.Item, run: ConformanceSession, backend: str, excinfo: Any) -> Any:
     """The failure as its entry in the summary: detail, scenario, replay command."""
-    from harness.conformance.report import Failure, failure_text, replay_token, reproduce_blob
+    from harness.conformance.report import FailureEntry, failure_text, replay_token, reproduce_blob
 
     exc = excinfo.value if excinfo is not None else None
     detail, scenario = failure_text(exc) if exc is not None else ("error in setup", "")
@@ -28,7 +28,7 @@ def failure_entry(item: pytest.Item, run: ConformanceSession, backend: str, exci
         token = item.config.getoption("replay")
     else:
         token = item.name
-    return Failure(backend, item.name, detail, scenario, run.replay_command(backend, token))
+    return FailureEntry(backend, item.name, detail, scenario, run.replay_command(backend, token))
 
 
 def crashed_worker_verdict(run: ConformanceSession, report: pytest.TestReport) -> Any:
@@ -38,12 +38,12 @@ def crashed_worker_verdict(run: ConformanceSession, report: pytest.TestReport) -
     backend = backend_in_nodeid(report.nodeid, [e.name for e in run.selected_entries()])
     if backend is None:
         return None
-    from harness.conformance.report import Failure
+    from harness.conformance.report import FailureEntry
 
     test = report.nodeid.rpartition("::")[2]
     text = str(report.longrepr).strip().splitlines()
     detail = f"its worker process died: {text[-1] if text else 'no message'}"
-    failure = Failure(backend, test, detail, "", run.replay_command(backend, test))
+    failure = FailureEntry(backend, test, detail, "", run.replay_command(backend, test))
     return TestVerdict(
         backend=backend,
         module=None,

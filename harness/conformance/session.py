@@ -232,11 +232,11 @@ class ConformanceSession:
     def record_verdict(self, verdict: Any) -> None:
         """One finished test (``workers.TestVerdict``, from its report): its outcome, and
         its failure entry kept in collection order whichever process ran it."""
-        from harness.conformance.report import Failure
+        from harness.conformance.report import FailureEntry
 
         self.record_outcome(verdict.backend, verdict.module, verdict.function, verdict.outcome)
         if verdict.failure is not None:
-            self.verdicts.add_failure(Failure(**verdict.failure), verdict.position)
+            self.verdicts.add_failure(FailureEntry(**verdict.failure), verdict.position)
 
     def replay_blob(self) -> tuple[str, bytes] | None:
         """``(hypothesis version, blob)`` of the example ``--replay`` asks for, if any."""

@@ -33,7 +33,7 @@ RUN_FLAG_WORDS = ("flag", "warning")
 
 @dataclass(frozen=True)
 class ConformanceLine:
-    """One backend's conformance tally; ``failures`` are indices into ``Verdict.failures``."""
+    """One backend's conformance tally; ``failures`` are indices into ``ReportVerdict.failures``."""
 
     backend: str  # as shown: the name, with the file when a backend is in several runs
     passed: int
@@ -112,7 +112,7 @@ class Flag:
 
 
 @dataclass(frozen=True)
-class Failure:
+class FailedTest:
     """One failed conformance test, in the order the conformance section lists them."""
 
     backend: str
@@ -121,12 +121,12 @@ class Failure:
 
 
 @dataclass
-class Verdict:
+class ReportVerdict:
     conformance: list[ConformanceLine]
     performance: list[PerformanceLine]
     unsupported: list[Unsupported]
     flags: list[Flag]
-    failures: list[Failure] = field(default_factory=list)
+    failures: list[FailedTest] = field(default_factory=list)
     several_runs: bool = False
     by_workload: list[WorkloadLine] = field(default_factory=list)  # each backend's roofline share
 
@@ -175,15 +175,15 @@ def _plural(n: int, word: str) -> str:
 # -- conformance --------------------------------------------------------------------------
 
 
-def _conformance(runs: Sequence[ConformanceRun]) -> tuple[list[ConformanceLine], list[Failure]]:
+def _conformance(runs: Sequence[ConformanceRun]) -> tuple[list[ConformanceLine], list[FailedTest]]:
     """One line per backend (per run when a backend is in several); failures numbered in
     the order the conformance section lists them: run by run, each run's in file order."""
-    failures: list[Failure] = []
+    failures: list[FailedTest] = []
     numbers: dict[tuple[int, str], list[int]] = {}
     for index, run in enumerate(runs):
         for case in run.failed():
             numbers.setdefault((index, case.backend), []).append(len(failures))
-            failures.append(Failure(case.backend, case.test, case.message or ""))
+            failures.append(FailedTest(case.backend, case.test, case.message or ""))
     columns = list(dict.fromkeys((i, c.backend) for i, run in enumerate(runs) for c in run.cases))
     runs_of = Counter(backend for _, backend in columns)
     lines: list[ConformanceLine] = []
@@ -324,10 +324,10 @@ def _flags(run: AnalysedRun) -> list[Flag]:
     return flags
 
 
-def verdict_of(inputs: Inputs, runs: Sequence[AnalysedRun]) -> Verdict:
+def verdict_of(inputs: Inputs, runs: Sequence[AnalysedRun]) -> ReportVerdict:
     """The verdict of everything the report was built from."""
     conformance, failures = _conformance(inputs.conformance)
-    return Verdict(
+    return ReportVerdict(
         conformance=conformance,
         performance=[line for run in runs for line in _performance(run)],
         unsupported=[group for run in runs for group in unsupported_groups(run)],
@@ -338,7 +338,7 @@ def verdict_of(inputs: Inputs, runs: Sequence[AnalysedRun]) -> Verdict:
     )
 
 
-def engine_among(verdict: Verdict) -> str | None:
+def engine_among(verdict: ReportVerdict) -> str | None:
     """The engine peer among the verdict's backends (``harness.bench.engine_peer``), if any."""
     backends = {line.backend for line in verdict.performance}
     return next((e for e in ENGINE_PEERS if e in backends), None)
