@@ -45,7 +45,7 @@ from typing import Any
 
 import pytest
 
-from harness.conformance import session_lines
+from harness.conformance import run_coverage, session_lines
 from harness.conformance.failure_entries import (
     crashed_worker_verdict,
     failure_entry,
@@ -542,7 +542,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if is_controller(config):  # the workers' fixture recorded no JUnit properties
         _junit_properties(config, run)
     _save_coverage(config, run)
-    if any(run.coverage_gaps().values()) and session.exitstatus == 0:
+    if any(run_coverage.coverage_gaps(run).values()) and session.exitstatus == 0:
         session.exitstatus = 1
     if run.verdicts.nothing_checked() and session.exitstatus == 0:
         session.exitstatus = 1
@@ -565,14 +565,14 @@ def _junit_properties(config: pytest.Config, run: ConformanceSession) -> None:
 
     xml = config.stash.get(xml_key, None)
     if xml is not None:
-        for name, value in run.junit_properties():
+        for name, value in run_coverage.junit_properties(run):
             xml.add_global_property(name, value)
 
 
 def _save_coverage(config: pytest.Config, run: ConformanceSession) -> None:
     """The tally as JSON next to the JUnit file (the suite's conftest also writes it into
     the JUnit report, through pytest's ``record_testsuite_property``)."""
-    data = run.coverage_json()
+    data = run_coverage.coverage_json(run)
     if data is None:
         return
     path = _coverage_json_path(config)

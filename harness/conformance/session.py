@@ -13,7 +13,6 @@ those into pytest usage errors.
 from __future__ import annotations
 
 import math
-import pkgutil
 import shlex
 import sys
 from collections import Counter
@@ -261,104 +260,6 @@ class ConformanceSession:
             args += ["--conformance-profile", profile]
             args += [] if device == "cpu" else ["--conformance-device", device]
         return shlex.join([*args, "--replay", token])
-
-    # -- coverage promised and reached -----------------------------------------------------
-
-    def requirements(self, entry: Any) -> list[Any]:
-        """What the profile promises to reach inside ``entry``'s claim (nothing if it does not)."""
-        from harness.conformance.claim_coverage import requirements
-        from harness.conformance.large_pool import large_pool_scenario, unavailable_reason
-
-        profile = self.profile_for(entry)
-        if not profile.enforces_coverage:
-            return []
-        budget = profile.budget
-        large = large_pool_scenario(entry.capabilities, self.device)
-        return requirements(
-            entry.capabilities,
-            dp_aware=entry.accepts_dp,
-            max_dp_size=budget.max_dp_size,
-            max_context=budget.max_context,
-            limit=budget.production,
-            large_pool=large is not None and unavailable_reason(large) is None,
-            device=self.device,
-        )
-
-    def whole_suite_ran(self, name: str) -> bool:
-        """Every conformance module ran for this backend and nothing was deselected."""
-        import suites.conformance as package
-
-        expected = {
-            f"{package.__name__}.{m.name}"
-            for m in pkgutil.iter_modules(package.__path__)
-            if m.name.startswith("test_")
-        }
-        return not self.deselected and expected <= self.modules.get(name, set())
-
-    def wanted(self) -> dict[str, list[Any]]:
-        """Per backend whose whole suite ran: what the profile promises it reaches."""
-        if self.coverage is None:
-            return {}
-        entries = {e.name: e for e in self.selected_entries()}
-        return {
-            name: self.requirements(entries[name])
-            for name in self.coverage.backends
-            if name in entries and self.whole_suite_ran(name)
-        }
-
-    def coverage_gaps(self) -> dict[str, list[Any]]:
-        """Per backend whose whole suite ran: the promised values never checked."""
-        return {
-            name: self.coverage.backends[name].missing(wanted)
-            for name, wanted in self.wanted().items()
-        }
-
-    def coverage_json(self) -> dict[str, Any] | None:
-        """The tally as the ``.coverage.json`` file holds it, with each backend's failure
-        groups (``triage``); ``None`` when nothing ran."""
-        from harness.conformance.triage import group_json
-
-        groups = self.failure_groups()
-        if self.coverage is None and not groups:
-            return None
-        backends = self.coverage.as_json(self.wanted()) if self.coverage is not None else {}
-        for group in groups:
-            backend = backends.setdefault(group.failures[0].backend, {})
-            backend.setdefault("triage", []).append(group_json(group))
-        return {
-            "profile": self.options.profile,
-            "examples_per_test": int(self.profile().settings.max_examples),
-            "backends": backends,
-        }
-
-    def junit_properties(self) -> list[tuple[str, str]]:
-        """The tally as the JUnit report's test-suite properties: ``coverage[NAME].DIM``."""
-        data = self.coverage_json()
-        if data is None:
-            return []
-        properties = []
-        for name, backend in data["backends"].items():
-            if "examples" not in backend:
-                continue  # failures, and no example counted (a rejection test's)
-            properties.append((f"coverage[{name}].examples", str(backend["examples"])))
-            for dimension, counts in backend["dimensions"].items():
-                cells = "; ".join(f"{label}={n}" for label, n in counts.items())
-                properties.append((f"coverage[{name}].{dimension}", cells))
-            stateful = backend["stateful"]
-            if stateful.get("runs"):
-                properties.append(
-                    (
-                        f"coverage[{name}].stateful",
-                        f"runs={stateful['runs']} steps_median={stateful['steps_median']} "
-                        f"steps_p10={stateful['steps_p10']}",
-                    )
-                )
-            if backend["never_checked"]:
-                never = "; ".join(backend["never_checked"])
-                properties.append((f"coverage[{name}].never_checked", never))
-        for i, line in enumerate(self.triage_lines()):
-            properties.append((f"triage.{i}", line))
-        return properties
 
     def failure_groups(self) -> list[Any]:
         """The run's failures grouped by what explains them (``triage.group_failures``).

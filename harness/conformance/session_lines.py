@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from harness.conformance import run_coverage
+
 if TYPE_CHECKING:
     from harness.conformance.session import ConformanceSession
 
@@ -49,7 +51,7 @@ def coverage_lines(run: ConformanceSession, full: bool) -> list[str]:
     log = run.coverage
     if log is None:
         return []
-    wanted_by_name = run.wanted()
+    wanted_by_name = run_coverage.wanted(run)
     entries = {e.name: e for e in run.selected_entries()}
     lines = []
     for name in sorted(log.backends):
@@ -93,7 +95,7 @@ def cost_lines(run: ConformanceSession) -> list[str]:
 def problems_of(run: ConformanceSession) -> list[tuple[str, str]]:
     """Why a run whose tests passed still fails, as (what, what it means)."""
     problems = []
-    for name, gaps in sorted(run.coverage_gaps().items()):
+    for name, gaps in sorted(run_coverage.coverage_gaps(run).items()):
         if gaps:
             failed = sum(c["failed"] for c in run.verdicts.outcomes.get(name, {}).values())
             meaning = (
