@@ -718,3 +718,25 @@ def test_cli_file_spec_without_class_says_so_and_names_its_backends(capsys, monk
     classes = err.split("backend classes in it: ")[1].strip().split(", ")
     assert {"SlowBackend", "ZerosBackend", "NonDPBackend"} <= set(classes)
     assert "SdpaBackend" not in classes  # imported there, not defined
+
+
+def test_progress_is_plain_lines_in_a_log_and_a_live_bar_on_a_terminal():
+    import io
+
+    log = io.StringIO()
+    progress = bench_cli.Progress(enabled=True, stream=log)
+    progress(1, 3, "one/decode sdpa")
+    progress(2, 3, "one/decode reference")
+    progress.close()
+    assert log.getvalue().splitlines() == ["[1/3] one/decode sdpa", "[2/3] one/decode reference"]
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    live = bench_cli.Progress(enabled=True, stream=terminal)
+    live(1, 3, "one/decode sdpa")
+    live.close()
+    assert "[1/3]" not in terminal.getvalue()  # the bar, not a line per step
+    assert "1/3" in terminal.getvalue()

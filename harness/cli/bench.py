@@ -204,32 +204,41 @@ def render_workloads(workloads: list[Workload]) -> str:
 
 
 class Progress:
-    """A tqdm bar on stderr when tqdm is installed, else one plain line per step."""
+    """A live bar on a terminal (rich's, as ``attn-harness conform`` draws); else one
+    plain ``[done/total] case`` line per step, for a log and for the main job, which
+    reads the last one."""
 
     def __init__(self, enabled: bool, stream: TextIO | None = None) -> None:
         self.enabled = enabled
         self.stream = stream or sys.stderr
         self._bar: Any = None
+        self._task: Any = None
 
     def __call__(self, done: int, total: int, label: str) -> None:
         if not self.enabled:
             return
-        if self._bar is None:
-            try:
-                from tqdm import tqdm
-            except ImportError:
-                self._bar = False
-            else:
-                self._bar = tqdm(total=total, desc="bench", unit="case", file=self.stream)
-        if self._bar is False:
+        if not self.stream.isatty():
             print(f"[{done}/{total}] {label}", file=self.stream, flush=True)
             return
-        self._bar.set_postfix_str(label, refresh=False)
-        self._bar.update(done - self._bar.n)
+        if self._bar is None:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            console = Console(file=self.stream)
+            columns = (
+                TextColumn("bench"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.description}"),
+            )
+            self._bar = Progress(*columns, console=console, transient=True)
+            self._task = self._bar.add_task("", total=total)
+            self._bar.start()
+        self._bar.update(self._task, completed=done, total=total, description=label)
 
     def close(self) -> None:
-        if self._bar:
-            self._bar.close()
+        if self._bar is not None:
+            self._bar.stop()
 
 
 # -- the command -------------------------------------------------------------------
