@@ -35,7 +35,6 @@ profile that promises coverage and a claimed value was never checked.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 from collections.abc import Iterator
@@ -46,15 +45,21 @@ from typing import Any
 
 import pytest
 
+from harness.conformance import run_coverage, session_lines
+from harness.conformance.failure_entries import (
+    crashed_worker_verdict,
+    failure_entry,
+    replay_passed,
+)
+from harness.conformance.options import ConformanceOptions, add_options
 from harness.conformance.plugin_names import PROFILE_NAMES as PROFILES
 from harness.conformance.plugin_names import backend_entry_of, cache_root
-from harness.conformance.session import ConformanceOptions, ConformanceSession
+from harness.conformance.session import ConformanceSession
 from harness.conformance.workers import (
     REPORT_ATTRIBUTE,
     WORKEROUTPUT_KEY,
     TestVerdict,
     add_tallies,
-    backend_in_nodeid,
     is_controller,
     is_worker,
     pack_tallies,
@@ -79,9 +84,6 @@ __all__ = [
     "cache_root",
     "current_device",
     "current_profile",
-    "current_replay",
-    "get_default_examples",
-    "interpreted_here",
     "keep_hypothesis_files_out_of_the_working_directory",
     "profile_for",
     "record_examples",
@@ -90,110 +92,11 @@ __all__ = [
     "replayable",
     "selected_entries",
     "session",
-    "sizing_notes",
 ]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("attn-harness", "attention backend conformance")
-    group.addoption(
-        "--backend",
-        action="append",
-        default=[],
-        metavar="SPEC",
-        help="backend to check: a registered name, package.module:Class or "
-        "path/to/file.py:Class (repeatable; default: every registered backend)",
-    )
-    group.addoption(
-        "--conformance-profile",
-        choices=PROFILES,
-        default="ci",
-        help="ci: derandomized and bounded (default); thorough: random, more and larger "
-        "examples; kill: fewer examples, no shrinking (mutation testing)",
-    )
-    group.addoption(
-        "--conformance-device",
-        choices=("cpu", "cuda"),
-        default="cpu",
-        help="device the conformance cases run on (default: cpu)",
-    )
-    group.addoption(
-        "--example-time-limit",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="fail an example (naming its shape) that runs longer than this "
-        "(default: the profile's, 300 s)",
-    )
-    group.addoption(
-        "--interpreted-budget",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="seconds of examples an interpreted backend's run may spend, parted among its "
-        "tests; an example whose predicted cost does not fit is reported as not checked "
-        "(default: the profile's, 200 s for ci, 2000 s for thorough)",
-    )
-    group.addoption(
-        "--examples",
-        type=int,
-        default=None,
-        metavar="N",
-        help="examples per property test (default: the profile's, 100 for ci); fewer for a "
-        "slow backend, more for a deeper run; below the profile's count, coverage is "
-        "reported but not required",
-    )
-    group.addoption(
-        "--shrink-time-limit",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="stop shrinking a failure after this long and report the smallest example found "
-        "so far (default: hypothesis's, 300 s); lower it for a slow backend",
-    )
-    group.addoption(
-        "--max-shrinks",
-        type=int,
-        default=None,
-        metavar="N",
-        help="stop shrinking a failure after N smaller failing examples (default: "
-        "hypothesis's, 500): a budget that does not depend on the machine's speed, so a run "
-        "that keeps the time limit out of reach shrinks alike on a busy and a quiet machine",
-    )
-    group.addoption(
-        "--replay",
-        default=None,
-        metavar="TEST@VERSION:BLOB",
-        help="rerun exactly one failing example, as a failure report prints it (or TEST "
-        "alone: rerun that one test); every other test is deselected",
-    )
-    group.addoption(
-        "--conformance-output",
-        choices=("pytest", "compact"),
-        default="pytest",
-        help="pytest: pytest's report, then the verdict table (default); compact: only a "
-        "header, a live line on a terminal, the verdict table and one entry per failure",
-    )
-    group.addoption(
-        "--progress-every",
-        type=float,
-        default=30.0,
-        metavar="SECONDS",
-        help="with the compact output and no terminal: print a progress line (tests done, "
-        "an estimate of the rest) this often (default: 30 s)",
-    )
-    group.addoption(
-        "--conformance-cli",
-        action="store_true",
-        help=argparse.SUPPRESS,  # set by `attn-harness conform`: replays name that command
-    )
-    group.addoption(
-        "--coverage-json",
-        default=None,
-        metavar="PATH",
-        help="write the coverage tally here as JSON (default: next to --junitxml, "
-        "as NAME.coverage.json)",
-    )
+    add_options(parser.getgroup("attn-harness", "attention backend conformance"))
 
 
 def _options(namespace: Any) -> ConformanceOptions:
@@ -277,7 +180,11 @@ def _install_compact_reporter(config: pytest.Config, run: ConformanceSession) ->
     if standard is not None:
         config.pluginmanager.unregister(standard)
     reporter = CompactReporter(
-        config, run.compact_summary, run.sizing_notes, run.selected_entries, run.workers
+        config,
+        lambda seconds: session_lines.compact_summary(run, seconds),
+        lambda: session_lines.sizing_notes(run),
+        run.selected_entries,
+        run.workers,
     )
     config.pluginmanager.register(reporter, "attn-harness-compact-reporter")
     run.reporter = reporter
@@ -313,7 +220,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return [
         f"attn-harness: profile {run.options.profile} (its settings decorate each conformance "
         f"test), device {run.device}, backends: {', '.join(specs)}",
-        *(f"attn-harness: {note}" for note in run.sizing_notes()),
+        *(f"attn-harness: {note}" for note in session_lines.sizing_notes(run)),
     ]
 
 
@@ -377,11 +284,6 @@ def current_profile() -> Any:
     return session().profile()
 
 
-def interpreted_here(entry: Any) -> bool:
-    """Whether ``entry`` runs interpreted on the chosen device (it says so in its claim)."""
-    return session().interpreted_here(entry)
-
-
 def profile_for(entry: Any) -> Any:
     """The profile that sizes ``entry``'s draws: lighter where it runs interpreted."""
     return session().profile_for(entry)
@@ -395,16 +297,6 @@ def cost_ledger(entry: Any) -> Any:
 def current_item() -> str:
     """The running conformance test's shown name, with its parameters."""
     return session().current_item()
-
-
-def sizing_notes() -> list[str]:
-    """Header lines: backends left out of a default run, how interpreted ones are sized."""
-    return session().sizing_notes()
-
-
-def get_default_examples() -> int:
-    """Examples per property test of the chosen profile, before ``--examples``."""
-    return session().default_examples()
 
 
 def coverage_log() -> Any:
@@ -431,18 +323,13 @@ def record_run(backend: str, run: Any) -> None:
     session().record_run(backend, run)
 
 
-def current_replay() -> tuple[str, bytes] | None:
-    """``(hypothesis version, blob)`` of the example ``--replay`` asks for, if any."""
-    return session().replay_blob()
-
-
 def replayable(test: Any) -> Any:
     """``test`` (a hypothesis test or state machine) set to run only the replayed example.
 
     Tests that build their ``@given`` function at run time wrap it with this;
     top-level ``@given`` tests get the same from ``pytest_runtest_call``.
     """
-    return _replaying(test, current_replay())
+    return _replaying(test, session().replay_blob())
 
 
 def _replaying(test: Any, replay: tuple[str, bytes] | None) -> Any:
@@ -572,16 +459,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         return
     item.user_properties.append(("backend", entry.name))  # kept in --junitxml
     run = session(item.config)
-    if run.replay is not None and report.failed and _replay_passed(call.excinfo):
+    if run.replay is not None and report.failed and replay_passed(call.excinfo):
         report.outcome, report.longrepr = "passed", None  # the fix held: green, not red
         report.sections.append(("replay", "the replayed example passes now: the fix held"))
         run.replay_held = True
+    unchecked = len(run.unchecked_here(entry.name)) if report.when == "call" else 0
+    if unchecked:  # the report (attn-harness report) shows them beside the examples held
+        item.user_properties.append(("not_checked", str(unchecked)))
     reason = run.nothing_affordable(entry.name) if report.when == "call" and report.passed else None
     if reason is not None:  # every example over the cost budget: not checked, not passed
         report.outcome, report.longrepr = "skipped", (str(item.path), item.location[1] or 0, reason)
     module = getattr(item, "module", None)
     function = getattr(item, "originalname", item.name)
-    failure = _failure(item, run, entry.name, call.excinfo) if report.failed else None
+    failure = failure_entry(item, run, entry.name, call.excinfo) if report.failed else None
     if failure is not None:
         report.sections.append(
             ("replay", f"backend {entry.name!r}, property {function}:\n  {failure.replay}")
@@ -604,65 +494,12 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     run = session()
     verdict = verdict_of(report)
     if verdict is None:
-        verdict = _crashed_worker_verdict(run, report)
+        verdict = crashed_worker_verdict(run, report)
     if verdict is None:
         return
     run.record_verdict(verdict)
     if run.reporter is not None and run.workers > 1:
         run.reporter.examples_held(verdict.examples)
-
-
-def _crashed_worker_verdict(run: ConformanceSession, report: pytest.TestReport) -> Any:
-    """A test whose worker died carries no verdict of its own: a failure naming the crash."""
-    if not report.failed or report.when != "???":  # xdist's report of a crashed test
-        return None
-    backend = backend_in_nodeid(report.nodeid, [e.name for e in run.selected_entries()])
-    if backend is None:
-        return None
-    from harness.conformance.report import Failure
-
-    test = report.nodeid.rpartition("::")[2]
-    text = str(report.longrepr).strip().splitlines()
-    detail = f"its worker process died: {text[-1] if text else 'no message'}"
-    failure = Failure(backend, test, detail, "", run.replay_command(backend, test))
-    return TestVerdict(
-        backend=backend,
-        module=None,
-        function=test.partition("[")[0],
-        outcome="failed",
-        position=run.positions.get(report.nodeid, len(run.positions)),
-        examples=0,
-        failure=dataclasses.asdict(failure),
-    )
-
-
-def _replay_passed(excinfo: pytest.ExceptionInfo[BaseException] | None) -> bool:
-    """The replayed example ran to the end without failing (not: its data no longer fits).
-
-    Hypothesis's ``reproduce_failure`` raises ``DidNotReproduce`` in both cases; only
-    the first says the test completed.
-    """
-    from hypothesis.errors import DidNotReproduce
-
-    if excinfo is None or not isinstance(excinfo.value, DidNotReproduce):
-        return False
-    return "completed successfully" in str(excinfo.value)
-
-
-def _failure(item: pytest.Item, run: ConformanceSession, backend: str, excinfo: Any) -> Any:
-    """The failure as its entry in the summary: detail, scenario, replay command."""
-    from harness.conformance.report import Failure, failure_text, replay_token, reproduce_blob
-
-    exc = excinfo.value if excinfo is not None else None
-    detail, scenario = failure_text(exc) if exc is not None else ("error in setup", "")
-    blob = reproduce_blob(exc) if exc is not None else None
-    if blob is not None:
-        token = replay_token(item.name, *blob)
-    elif run.replay is not None:  # a replay does not print its blob again: reuse it
-        token = item.config.getoption("replay")
-    else:
-        token = item.name
-    return Failure(backend, item.name, detail, scenario, run.replay_command(backend, token))
 
 
 def _coverage_json_path(config: pytest.Config) -> Path | None:
@@ -675,11 +512,11 @@ def _coverage_json_path(config: pytest.Config) -> Path | None:
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     run = session(config)
-    for line in run.coverage_lines(full=True):
+    for line in session_lines.coverage_lines(run, full=True):
         terminalreporter.write_line(line)
-    for line in run.problem_lines():
+    for line in session_lines.problem_lines(run):
         terminalreporter.write_line(line, red=True)
-    for line in run.verdict_lines():
+    for line in session_lines.verdict_lines(run):
         terminalreporter.write_line(line, red=line.startswith("FAILED"))
 
 
@@ -705,7 +542,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if is_controller(config):  # the workers' fixture recorded no JUnit properties
         _junit_properties(config, run)
     _save_coverage(config, run)
-    if any(run.coverage_gaps().values()) and session.exitstatus == 0:
+    if any(run_coverage.coverage_gaps(run).values()) and session.exitstatus == 0:
         session.exitstatus = 1
     if run.verdicts.nothing_checked() and session.exitstatus == 0:
         session.exitstatus = 1
@@ -728,14 +565,14 @@ def _junit_properties(config: pytest.Config, run: ConformanceSession) -> None:
 
     xml = config.stash.get(xml_key, None)
     if xml is not None:
-        for name, value in run.junit_properties():
+        for name, value in run_coverage.junit_properties(run):
             xml.add_global_property(name, value)
 
 
 def _save_coverage(config: pytest.Config, run: ConformanceSession) -> None:
     """The tally as JSON next to the JUnit file (the suite's conftest also writes it into
     the JUnit report, through pytest's ``record_testsuite_property``)."""
-    data = run.coverage_json()
+    data = run_coverage.coverage_json(run)
     if data is None:
         return
     path = _coverage_json_path(config)

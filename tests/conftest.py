@@ -20,7 +20,7 @@ from typing import Any  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-DEPRECATED_PATHS = ("harness.contract", "harness.errors")
+DEPRECATED_PATHS = ("harness.contract", "harness.errors", "reference_backends.paged_base")
 """Moved modules kept to warn and re-export (``tests/test_backend_kit.py``): not loaded here."""
 
 

@@ -125,7 +125,7 @@ def test_the_base_from_a_git_revision_runs_in_a_worktree_that_is_removed(
             *QUICK,
             "--threshold",
             "3.0",  # the worktree's mechanics, not a verdict: a side against itself, beside
-            # the other xdist worker's load, has scattered by +95% (CI, 2026-12-06)
+            # the other xdist worker's load, scatters by up to +95%
             "--out",
             str(out),
         ]

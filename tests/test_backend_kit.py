@@ -32,3 +32,13 @@ def test_a_moved_module_still_imports_and_says_where_it_went(
     public = [name for name in harness.__all__ if hasattr(moved, name)]
     assert public  # the names users import from the old path
     assert all(getattr(module, name) is getattr(harness, name) for name in public)
+
+
+def test_the_old_paged_base_path_still_imports_and_says_where_it_went(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delitem(sys.modules, "reference_backends.paged_base", raising=False)
+    with pytest.warns(DeprecationWarning, match="paged_base is deprecated.*harness.backend_kit"):
+        module = importlib.import_module("reference_backends.paged_base")
+    assert module.PagedBackendBase is kit.PagedBackendBase
+    assert module.PreparedStep is kit.PreparedStep

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -363,14 +364,106 @@ def test_cli_cuda_without_a_device_is_a_usage_error(tmp_path, capsys, monkeypatc
     assert list(tmp_path.iterdir()) == []
 
 
-def test_cli_interrupted_run_writes_nothing(tmp_path, capsys, monkeypatch):
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
+def _interrupted_at_case(monkeypatch, n: int) -> None:
+    """Ctrl-C arrives as the ``n``-th case starts."""
+    real, calls = bench._Runner.run_case, []
 
-    monkeypatch.setattr(bench, "run_benchmarks", interrupted)
+    def run_case(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(bench._Runner, "run_case", run_case)
+
+
+def test_cli_interrupted_run_keeps_every_finished_case_marked_partial(
+    tmp_path, capsys, monkeypatch
+):
+    _interrupted_at_case(monkeypatch, 3)
+    out = tmp_path / "r.json"
+    assert cli("--workload", "tiny", "--backend", "sdpa", "--out", str(out), *QUICK) == 130
+    err = capsys.readouterr().err
+    assert f"interrupted after 2 of 5 cases; those 2 are in {out}, marked partial" in err
+    saved = load_results(out)  # strict load: a valid file
+    assert saved.partial
+    assert [(c.case, c.backend) for c in saved.cases] == [
+        (case, backend) for case in ("decode", "prefill") for backend in (PEER_NAME, "sdpa")
+    ]
+    assert all(c.status == "PASSED" and c.metrics for c in saved.cases)
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temporary file left
+
+
+def test_cli_interrupted_before_a_case_finished_writes_nothing(tmp_path, capsys, monkeypatch):
+    _interrupted_at_case(monkeypatch, 1)
     assert cli("--workload", "one", "--out", str(tmp_path / "r.json"), *QUICK) == 130
-    assert "interrupted; no results written" in capsys.readouterr().err
+    assert "interrupted before the first case finished; nothing written" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_interrupted_without_out_says_nothing_was_asked_for(capsys, monkeypatch):
+    _interrupted_at_case(monkeypatch, 2)
+    assert cli("--workload", "tiny", "--backend", "sdpa", *QUICK) == 130
+    assert "interrupted; no results written (no --out)" in capsys.readouterr().err
+
+
+def test_a_finished_run_saved_after_every_case_is_not_partial(tmp_path, monkeypatch):
+    saves = []
+    real = bench_cli.KeptCases.__call__
+
+    def counted(self, record):
+        saves.append(record.partial)
+        real(self, record)
+
+    monkeypatch.setattr(bench_cli.KeptCases, "__call__", counted)
+    out = tmp_path / "r.json"
+    assert cli("--workload", "tiny", "--backend", "sdpa", "--out", str(out), *QUICK) == 0
+    assert saves == [True] * 4 + [False]  # after each of the 5 cases; the last one finished
+    assert not load_results(out).partial
+
+
+def test_cli_a_results_file_that_cannot_be_saved_stops_the_run(tmp_path, capsys, monkeypatch):
+    from harness.results import store
+
+    def full_disk(record, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store, "save_results", full_disk)
+    ran = []
+    real = bench._Runner.run_case
+    monkeypatch.setattr(
+        bench._Runner, "run_case", lambda self, *a, **k: (ran.append(1), real(self, *a, **k))
+    )
+    out = tmp_path / "r.json"
+    assert cli("--workload", "tiny", "--backend", "sdpa", "--out", str(out), *QUICK) == 2
+    assert "results not saved: [Errno 28] No space left on device" in capsys.readouterr().err
+    assert len(ran) == 1  # no case is timed after the first that could not be kept
+    assert not out.exists()
+
+
+def test_interleaved_order_takes_the_workloads_in_turn_and_records_keep_workload_order():
+    two = Workload("two", 1, "decode", "tests only", TINY_CASES[1:3], TINY_CASES[1:3])
+    config = replace(CONFIG, interleave=True)
+    order = [(w.name, spec.name) for _, w, spec in bench.run_order([TINY, two], config)]
+    assert order[:4] == [
+        ("tiny", "decode"),
+        ("two", "prefill"),
+        ("tiny", "prefill"),
+        ("two", "extend"),
+    ]
+    record = run_benchmarks([entry(SdpaBackend, "sdpa")], [ONE, two], config)
+    assert [(c.workload, c.case) for c in record.cases if c.role == "peer"] == [
+        ("one", "decode"),
+        ("two", "prefill"),
+        ("two", "extend"),
+    ]
+
+
+def test_no_case_starts_past_the_last_start_and_the_run_says_so():
+    record = run_benchmarks([entry(SdpaBackend, "sdpa")], [TINY], replace(CONFIG, last_start_s=0.0))
+    assert record.cases == []
+    assert record.partial
+    assert record.flags == ["out of time: 5 cases not started"]
 
 
 def test_cli_bad_numbers_are_argparse_usage_errors(capsys):
@@ -625,3 +718,25 @@ def test_cli_file_spec_without_class_says_so_and_names_its_backends(capsys, monk
     classes = err.split("backend classes in it: ")[1].strip().split(", ")
     assert {"SlowBackend", "ZerosBackend", "NonDPBackend"} <= set(classes)
     assert "SdpaBackend" not in classes  # imported there, not defined
+
+
+def test_progress_is_plain_lines_in_a_log_and_a_live_bar_on_a_terminal():
+    import io
+
+    log = io.StringIO()
+    progress = bench_cli.Progress(enabled=True, stream=log)
+    progress(1, 3, "one/decode sdpa")
+    progress(2, 3, "one/decode reference")
+    progress.close()
+    assert log.getvalue().splitlines() == ["[1/3] one/decode sdpa", "[2/3] one/decode reference"]
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    live = bench_cli.Progress(enabled=True, stream=terminal)
+    live(1, 3, "one/decode sdpa")
+    live.close()
+    assert "[1/3]" not in terminal.getvalue()  # the bar, not a line per step
+    assert "1/3" in terminal.getvalue()

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from harness.conformance.report import (
-    Failure,
+    FailureEntry,
     Verdicts,
     closing_line,
     failure_lines,
@@ -56,7 +56,7 @@ def test_a_refusal_inside_the_claim_keeps_the_claim_next_to_the_draw():
         "backend 'x' raised Unsupported for a step inside its declared capabilities: no fp16",
         "claimed vs drawn: dtype float16 (claims float32, float16)",
     ]
-    lines = failure_lines(Failure("x", "test_y[x]", detail, scenario, "cmd"))
+    lines = failure_lines(FailureEntry("x", "test_y[x]", detail, scenario, "cmd"))
     assert lines[1] == "       claimed vs drawn: dtype float16 (claims float32, float16)"
     assert lines[2] == "       scenario: dp 0/1 shared, float16"
 
@@ -134,6 +134,15 @@ def test_verdict_cells():
     assert failed.startswith("attn-harness conform: FAILED: 1 of 6 tests failed (a, b)")
 
 
+def test_a_passing_closing_line_counts_the_unsupported_tests_the_report_shows():
+    verdicts = Verdicts()
+    for test in ("test_oracle", "test_rejects"):
+        verdicts.record("a", test, "passed")
+    verdicts.record("a", "test_fp8", "skipped")
+    line = closing_line(verdicts, 1.0, [], not_checked=2)
+    assert "every property held for a (3 tests; 1 unsupported, not run; 2 examples not" in line
+
+
 def test_closing_line_passes_only_without_failures_or_problems():
     verdicts = Verdicts()
     verdicts.record("a", "test_oracle", "passed")
@@ -144,7 +153,7 @@ def test_closing_line_passes_only_without_failures_or_problems():
 
 
 def test_a_failure_entry_is_three_short_lines():
-    failure = Failure(
+    failure = FailureEntry(
         "mine", "test_x[mine-float16]", "layer 0: EXCEEDS", "dp 0/1", "cmd --replay t"
     )
     assert failure_lines(failure) == [

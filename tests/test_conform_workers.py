@@ -12,7 +12,7 @@ import pytest
 
 from harness.conformance.claim_coverage import CoverageLog
 from harness.conformance.cost_budget import CostLedger, NotChecked
-from harness.conformance.report import Failure, Verdicts, printed_replay
+from harness.conformance.report import FailureEntry, Verdicts, printed_replay
 from harness.conformance.runner import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from harness.conformance.triage_evidence import TriageLog
 from harness.conformance.workers import (
@@ -77,7 +77,7 @@ def test_triage_evidence_and_cost_ledgers_merge_by_adding():
 def test_failures_keep_collection_order_whatever_order_they_arrive_in():
     verdicts = Verdicts()
     for position in (7, 2, 9, 4):
-        verdicts.add_failure(Failure("b", f"t{position}", "", "", ""), position)
+        verdicts.add_failure(FailureEntry("b", f"t{position}", "", "", ""), position)
     assert [f.test for f in verdicts.failures] == ["t2", "t4", "t7", "t9"]
 
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from harness.conformance.cost_budget import CostLedger, CostMeter, scenarios_work, step_work
+from harness.conformance.options import ConformanceOptions
 from harness.conformance.profiles import get_profile
-from harness.conformance.session import ConformanceOptions, ConformanceSession
+from harness.conformance.session import ConformanceSession
 from harness.core.registry import BackendEntry
 from harness.numerics.scenario import Scenario
+from harness.report import build_report
 from reference_backends import SdpaBackend, TritonBackend
 from tests.test_conform import EXIT_FAILED, EXIT_OK, EXIT_USAGE, FIXTURES
 
@@ -120,10 +124,13 @@ def test_a_bad_budget_is_a_usage_error(conform):
     assert "--interpreted-budget must be > 0" in result.stdout + result.stderr
 
 
-def test_a_slow_interpreted_backend_leaves_examples_unchecked_and_says_so(conform):
+def test_a_slow_interpreted_backend_leaves_examples_unchecked_and_says_so(conform, tmp_path):
+    junit = tmp_path / "conform.xml"
     result = conform(
         "--backend",
         f"{FIXTURES}:SlowInterpreted",
+        "--junitxml",
+        str(junit),
         "--",
         "--interpreted-budget",
         "1",
@@ -138,6 +145,13 @@ def test_a_slow_interpreted_backend_leaves_examples_unchecked_and_says_so(confor
     assert "example(s) of 'tests/fixtures/conform_backends.py:SlowInterpreted' not checked" in out
     assert "FAILED" not in out
     assert "not checked, over budget" in out.splitlines()[-1]  # the verdict says it too
+    said = re.search(r"(\d+) examples? not checked, over budget", out.splitlines()[-1])
+    assert said is not None
+    build_report([junit], tmp_path / "report")  # and the report, not the console alone
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert f"({said.group(1)} examples not checked: over budget)" in summary
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert f"({said.group(1)} not checked: over the interpreted budget)" in page
 
 
 def test_an_interpreted_example_past_its_deadline_is_not_checked_not_failed(conform):

@@ -21,8 +21,11 @@ from harness.conformance.claim_coverage import (
     labels,
     requirements,
 )
+from harness.conformance.options import ConformanceOptions
 from harness.conformance.profiles import get_profile
-from harness.conformance.session import ConformanceOptions, ConformanceSession
+from harness.conformance.run_coverage import coverage_gaps, whole_suite_ran
+from harness.conformance.session import ConformanceSession
+from harness.conformance.session_lines import problems_of
 from harness.conformance.stateful import RULES, conformance_machine, run_machine
 from harness.conformance.step_strategies import multi_rank_scenarios
 from harness.conformance.strategies import CI_BUDGET
@@ -146,14 +149,14 @@ def test_the_plugin_fails_a_complete_run_with_a_gap():
     }
     run = ConformanceSession(ConformanceOptions(profile="ci"), entries=[reference], coverage=log)
     run.modules["reference"] = set(every)
-    assert run.whole_suite_ran("reference")
-    gaps = run.coverage_gaps()["reference"]
+    assert whole_suite_ran(run, "reference")
+    gaps = coverage_gaps(run)["reference"]
     assert ("dtype", "bfloat16") in {(g.dimension, g.wanted) for g in gaps}
-    ((what, meaning),) = run.problems()
+    ((what, meaning),) = problems_of(run)
     assert "passed nothing for" in what
     assert "Declare what the backend cannot do" in meaning
     run.verdicts.record("reference", "test_outputs_match_oracle", "failed")
-    ((what, meaning),) = run.problems()  # a gap after failures is no limitation to declare
+    ((what, meaning),) = problems_of(run)  # a gap after failures is no limitation to declare
     assert "passed nothing for" in what
     assert "fix the failures first" in meaning
     assert "Declare" not in meaning
@@ -161,12 +164,12 @@ def test_the_plugin_fails_a_complete_run_with_a_gap():
         ConformanceOptions(profile="ci"), entries=[reference], coverage=log
     )
     partial.modules["reference"] = {f"suites.conformance.{m}" for m in ("test_oracle",)}
-    assert not partial.whole_suite_ran("reference")  # a partial run reports, never fails
-    assert partial.coverage_gaps() == {}
+    assert not whole_suite_ran(partial, "reference")  # a partial run reports, never fails
+    assert coverage_gaps(partial) == {}
     deselected = ConformanceSession(ConformanceOptions(), entries=[reference], coverage=log)
     deselected.modules["reference"] = set(every)
     deselected.deselected = True
-    assert deselected.coverage_gaps() == {}
+    assert coverage_gaps(deselected) == {}
 
 
 def test_the_stateful_machine_runs_real_programs():

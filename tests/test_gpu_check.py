@@ -284,16 +284,16 @@ def test_a_bench_step_interrupted_mid_run_keeps_a_valid_file_marked_partial(tmp_
 
     path = tmp_path / "bench.json"
     entry = BackendEntry("sdpa", SdpaBackend, "test")
-    real = harness.bench.runner.run_benchmarks
+    real = harness.bench.runner._Runner.run_case
     calls = []
 
-    def interrupted_second_case(*args, **kwargs):
+    def interrupted_second_case(self, *args, **kwargs):
         calls.append(1)
         if len(calls) == 2:  # SIGINT arrives during the second case
             raise KeyboardInterrupt
-        return real(*args, **kwargs)
+        return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(harness.bench.runner, "run_benchmarks", interrupted_second_case)
+    monkeypatch.setattr(harness.bench.runner._Runner, "run_case", interrupted_second_case)
     with pytest.raises(KeyboardInterrupt):
         bench_step.run_bench_step(path, [entry], WORKLOADS, FAST, deadline_s=600)
     saved = load_results(path)  # strict load: a valid file

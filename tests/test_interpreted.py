@@ -8,8 +8,9 @@ from hypothesis import Phase
 import attn_harness_pytest as plugin
 from harness.bench.case_check import unsupported_reason
 from harness.bench.workloads import get_workload
+from harness.conformance.options import ConformanceOptions
 from harness.conformance.profiles import INTERPRETED_BUDGET, get_profile
-from harness.conformance.session import ConformanceOptions, ConformanceSession
+from harness.conformance.session import ConformanceSession
 from harness.core.registry import BackendEntry
 from reference_backends import SdpaBackend, TritonBackend
 

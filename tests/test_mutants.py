@@ -18,7 +18,7 @@ import pytest
 from suites.mutants.backends import MUTANTS
 from suites.mutants.catchers import CAUGHT_BY
 from suites.mutants.dimensions import EXPECTED, triage_rate
-from suites.mutants.kill_matrix import BUILTINS, SUBSUMED, Verdict, mutant_specs, run_suite
+from suites.mutants.kill_matrix import BUILTINS, SUBSUMED, SuiteVerdict, mutant_specs, run_suite
 
 pytestmark = pytest.mark.xdist_group("kill-matrix")  # one worker computes the shared fixture
 
@@ -47,7 +47,7 @@ def _selection() -> dict[str, list[str] | str]:
 
 
 @pytest.fixture(scope="module")
-def verdicts() -> dict[str, Verdict]:
+def verdicts() -> dict[str, SuiteVerdict]:
     selection = _selection()
     return run_suite(list(selection), profile="kill", tests=selection)
 
@@ -62,12 +62,11 @@ examples: a budget in shrinks, not seconds, so a busy CI machine gathers the sam
 as a quiet one (cut at 5 s instead, the same run named 57 right quiet and 55 under CI's
 load); the 120 s limit only stops a runaway."""
 TRIAGE_RATE = 0.72
-"""Measured 51 of 69 (74%) on 2026-12-04 with this run (AMD EPYC, 464 s on 2 cores), since
-hypothesis's draws no longer depend on the numbers in the project's source
-(``harness/conformance/draw_constants.py``): the draws before named 57 (2026-12-03) and, once
-edits had moved them, 55. The rate is a property of the draws, now fixed; the 18 it misses
-have one thin test of evidence each (see the closing lines of
-``python -m suites.mutants.kill_matrix`` for the whole suite)."""
+"""The least share of planted bugs whose triage names their cause from this run: 51 of 69
+(74%) on AMD EPYC, 2 cores. Hypothesis's draws do not depend on the numbers in the
+project's source (``harness/conformance/draw_constants.py``), so the rate is a property
+of the fixed draws, not of the last edit; the bugs it misses have one thin test of
+evidence each (see the closing lines of ``python -m suites.mutants.kill_matrix``)."""
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from harness.conformance.check_matrix import run_quick_check
 from harness.core.registry import BackendRegistry
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+COMMANDS = README.parent / "docs" / "commands.md"  # every command's usage line and option
 
 
 def _python_blocks() -> list[str]:
@@ -93,7 +94,7 @@ def _plugin_options() -> set[str]:
 def test_readme_commands_use_only_options_the_cli_has():
     options = _parser_options()
     plugin = _plugin_options()
-    commands = _commands(README.read_text(), "attn-harness")
+    commands = _commands(README.read_text() + COMMANDS.read_text(), "attn-harness")
     assert len(commands) > 10
     checked = 0
     for command in commands:
@@ -113,7 +114,7 @@ def test_readme_commands_use_only_options_the_cli_has():
 
 def test_readme_pytest_commands_use_only_options_pytest_and_the_plugin_have():
     plugin = _plugin_options()
-    commands = _commands(README.read_text(), "pytest")
+    commands = _commands(COMMANDS.read_text(), "pytest")
     assert commands
     for command in commands:
         for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", command):
@@ -146,24 +147,26 @@ def test_readme_nox_sessions_exist():
     assert named <= sessions, named - sessions
 
 
-def test_readme_lists_exactly_the_nox_sessions():
-    """The README's ``nox sessions:`` list names every session of noxfile.py, in its order."""
-    sentence = README.read_text().split("nox sessions: ", 1)[1].split(";", 1)[0]
+def test_commands_page_lists_exactly_the_nox_sessions():
+    """docs/commands.md's ``nox sessions:`` list names every session of noxfile.py, in order."""
+    sentence = COMMANDS.read_text().split("nox sessions: ", 1)[1].split(";", 1)[0]
     listed = re.findall(r"`(\w+)`", sentence)
     assert listed == _nox_sessions(), (listed, _nox_sessions())
 
 
-def test_every_option_of_every_command_is_in_the_readme():
-    """The README's usage lines name every option (tests/test_docs.py checks each line)."""
-    text = README.read_text()
+def test_every_option_of_every_command_is_in_the_commands_page():
+    """docs/commands.md's usage lines name every option (tests/test_docs.py checks each line)."""
+    text = COMMANDS.read_text()
     for name, sub in _subparsers().items():
         for action in sub._actions:
             if action.help == argparse.SUPPRESS or "--help" in action.option_strings:
                 continue
             if not action.option_strings:  # a positional: its metavar is in the usage line
-                assert f" {action.metavar}" in text, f"{name} {action.metavar} not in the README"
+                assert f" {action.metavar}" in text, (
+                    f"{name} {action.metavar} not in {COMMANDS.name}"
+                )
                 continue
             shown = [
                 f for f in action.option_strings if re.search(rf"(?<![\w-]){f}(?![\w-])", text)
             ]
-            assert shown, f"{name} {action.option_strings} is not in the README"
+            assert shown, f"{name} {action.option_strings} is not in {COMMANDS.name}"

@@ -173,6 +173,15 @@ def test_each_bad_file_is_one_error_naming_it(tmp_path, name, write, message):
     assert str(path) in str(caught.value)
 
 
+def test_examples_left_unchecked_are_read_and_a_bad_count_is_named(tmp_path):
+    left = '<property name="not_checked" value="{}"/>'
+    case = '<testcase name="test_a[b]"><properties>' + left + "</properties></testcase>"
+    run = load_junit(junit(tmp_path, case.format("3")))
+    assert run.cases == [ConformanceCase("b", "test_a", "passed", None, 3)]
+    with pytest.raises(ReportError, match="not_checked is 'many', not a count"):
+        load_junit(junit(tmp_path, case.format("many")))
+
+
 def test_bad_coverage_beside_junit_is_named(tmp_path):
     xml = junit(tmp_path, '<testcase name="test_a[x]"/>')
     coverage = tmp_path / "c.coverage.json"

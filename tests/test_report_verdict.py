@@ -351,3 +351,24 @@ def test_each_workload_shows_every_backend_and_the_peer_against_the_ceiling(tmp_
     assert "Against the machine (share of the binding ceiling), per workload:" in summary
     grid = summary[summary.index("per workload:") :]
     assert all(f"| {w} |" in grid for w in workloads)
+
+
+def test_a_backend_bound_by_both_ceilings_says_so_with_counts(tmp_path):
+    """Its decode cases outnumber its compute-bound ones; the most common bound alone
+    would call the whole backend memory-bound."""
+    data = bench_data()
+    sdpa = [c for c in data["cases"] if c["backend"] == "sdpa" and c["metrics"]]
+    sdpa[0]["metrics"]["flops"] = sdpa[0]["metrics"]["flops"] * 1e6  # past the matmul ceiling
+    path = write_json(tmp_path / "mixed.json", data)
+    runs = runs_of(path)
+    own = [c.bound for c in runs[0].cases if c.case.backend == "sdpa" and c.valid]
+    assert own.count("compute") == 1
+    assert own.count("memory") == len(own) - 1
+    lines = {line.backend: line for line in verdict_of(load_inputs([path]), runs).performance}
+    assert lines["sdpa"].bound == f"memory {len(own) - 1}, compute 1"
+    assert lines["reference"].bound == "memory"  # one bound: no counts
+    out = tmp_path / "r"
+    build_report([path], out)
+    assert f"<td>memory {len(own) - 1}, compute 1</td>" in section(
+        (out / "index.html").read_text(), "verdict"
+    )

@@ -15,7 +15,7 @@ import torch
 
 from harness.conformance.progress import PlainProgress, eta_text, progress_line
 from harness.conformance.report import (
-    Failure,
+    FailureEntry,
     failure_lines,
     grouped_failure_lines,
     printed_replay,
@@ -158,8 +158,8 @@ def test_only_failures_of_one_symptom_pool_their_evidence():
 
 def _failure(
     test: str, detail: str = "layer 0: EXCEEDS bound", scenario: str = "dp 0/1"
-) -> Failure:
-    return Failure("b", test, detail, scenario, f"attn-harness conform --replay {test}@6:AAAA")
+) -> FailureEntry:
+    return FailureEntry("b", test, detail, scenario, f"attn-harness conform --replay {test}@6:AAAA")
 
 
 def test_a_group_prints_one_entry_and_names_the_rest(monkeypatch):
@@ -237,7 +237,7 @@ def test_a_long_replay_is_cut_into_lines_the_shell_joins_back():
 
 
 def test_an_entry_fits_columns_and_a_log_keeps_whole_lines(monkeypatch):
-    failure = Failure(
+    failure = FailureEntry(
         "suites.mutants.backends:TopLeftCausal",
         "test_outputs_match_oracle[suites.mutants.backends:TopLeftCausal-float16]",
         "layer 0: max error 7.900e+00 at token 0, head 0 (EXCEEDS bound 1.818e-05, 434581.87x)",
@@ -261,13 +261,13 @@ def test_an_entry_fits_columns_and_a_log_keeps_whole_lines(monkeypatch):
 def test_plain_progress_prints_tests_done_and_an_estimate():
     stream = io.StringIO()
     progress = PlainProgress("reference", every_s=0.05, stream=stream)
-    progress.start_test(12, 49, "test_outputs_match_oracle[reference-float32]")
+    progress.start_test(13, 49, "test_outputs_match_oracle[reference-float32]")  # past a quarter
     deadline = time.monotonic() + 5
     while "tests done" not in stream.getvalue() and time.monotonic() < deadline:
         time.sleep(0.02)
     progress.stop()
     line = stream.getvalue().splitlines()[-1]
-    assert re.search(r"reference: 12/49 tests done, about \d+ s left", line), line
+    assert re.search(r"reference: 13/49 tests done, about \d+ s left", line), line
     assert "(now test_outputs_match_oracle[reference-float32])" in line
 
 

@@ -149,7 +149,7 @@ def prepare_case(workload: Workload, spec: CaseSpec, device: str) -> PreparedCas
 
 
 @dataclass
-class Verdict:
+class CaseCheck:
     """The outcome of checking one output (or one failure) of a case."""
 
     status: str
@@ -157,23 +157,25 @@ class Verdict:
     oracle: dict[str, Any] | None = None
 
 
-def check_output(case: PreparedCase, output: object) -> Verdict:
+def check_output(case: PreparedCase, output: object) -> CaseCheck:
     """Compare one forward output with the float64 oracle via ``harness.numerics.scenario``."""
     expected = tuple(case.inputs.queries[0].shape)
     dtype = case.inputs.queries[0].dtype
     if not isinstance(output, torch.Tensor):
-        return Verdict("INCORRECT_SHAPE", f"forward returned {type(output).__name__}, not a tensor")
+        return CaseCheck(
+            "INCORRECT_SHAPE", f"forward returned {type(output).__name__}, not a tensor"
+        )
     if tuple(output.shape) != expected or output.dtype != dtype:
-        return Verdict(
+        return CaseCheck(
             "INCORRECT_SHAPE",
             f"forward returned {tuple(output.shape)} {output.dtype}, expected {expected} {dtype}",
         )
     if output.device.type != torch.device(case.device).type:
-        return Verdict("INCORRECT_SHAPE", f"forward returned a tensor on {output.device}")
+        return CaseCheck("INCORRECT_SHAPE", f"forward returned a tensor on {output.device}")
     if case.spec.variant.quantized:  # the oracle reads this backend's FP8 stores, once checked
         problem = case.inputs.write_problem(0)
         if problem is not None:
-            return Verdict("INCORRECT_NUMERICAL", problem)
+            return CaseCheck("INCORRECT_NUMERICAL", problem)
         case.inputs.forget_references()
     comparison = check_outputs(case.inputs, [output])[0]
     oracle = {
@@ -186,8 +188,8 @@ def check_output(case: PreparedCase, output: object) -> Verdict:
         "detail": comparison.describe(),
     }
     if comparison.passed:
-        return Verdict("PASSED", None, oracle)
-    return Verdict("INCORRECT_NUMERICAL", f"vs float64 oracle: {comparison.describe()}", oracle)
+        return CaseCheck("PASSED", None, oracle)
+    return CaseCheck("INCORRECT_NUMERICAL", f"vs float64 oracle: {comparison.describe()}", oracle)
 
 
 def accepts_validate(cls: type) -> bool:
@@ -235,7 +237,7 @@ class CheckedBackend:
     verdict is ``PASSED``: a wrong answer is never timed.
     """
 
-    verdict: Verdict
+    verdict: CaseCheck
     timed: Any = None
     graph_mode: bool = False  # the timed instance is prepared for CUDA-graph capture
 
@@ -269,13 +271,13 @@ def check_backend(
     try:
         reason = unsupported_reason(entry, case.spec, case.device, graph_mode)
     except TypeError as exc:  # a malformed capabilities() claim
-        return CheckedBackend(Verdict("RUNTIME_ERROR", describe(exc)))
+        return CheckedBackend(CaseCheck("RUNTIME_ERROR", describe(exc)))
     if reason is not None:
-        return CheckedBackend(Verdict("UNSUPPORTED", reason))
+        return CheckedBackend(CaseCheck("UNSUPPORTED", reason))
     try:
         output = _run_once(build_backend(entry, case.spec, for_timing=False), case)
     except Exception as exc:
-        return CheckedBackend(Verdict(classify(exc), describe(exc)))
+        return CheckedBackend(CaseCheck(classify(exc), describe(exc)))
     verdict = check_output(case, output)
     if verdict.status != "PASSED":  # nothing to time: do not build the timing instance
         return CheckedBackend(verdict)
@@ -283,7 +285,7 @@ def check_backend(
         timed = build_backend(entry, case.spec, for_timing=True)
         first = _run_once(timed, case, graph_mode)
     except Exception as exc:
-        return CheckedBackend(Verdict(classify(exc), f"timing instance: {describe(exc)}"))
+        return CheckedBackend(CaseCheck(classify(exc), f"timing instance: {describe(exc)}"))
     identical = (
         isinstance(first, torch.Tensor)
         and isinstance(output, torch.Tensor)
@@ -310,5 +312,5 @@ def timing_instance(
         timed = build_backend(entry, case.spec, for_timing=True)
         _run_once(timed, case, graph_mode)
     except Exception as exc:
-        return CheckedBackend(Verdict(classify(exc), f"timing instance: {describe(exc)}"))
-    return CheckedBackend(Verdict("PASSED"), timed, graph_mode)
+        return CheckedBackend(CaseCheck(classify(exc), f"timing instance: {describe(exc)}"))
+    return CheckedBackend(CaseCheck("PASSED"), timed, graph_mode)

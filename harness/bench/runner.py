@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import datetime
 import gc
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -44,8 +45,8 @@ import torch
 
 from harness import __version__
 from harness.bench.case_check import (
+    CaseCheck,
     PreparedCase,
-    Verdict,
     case_id,
     check_backend,
     check_output,
@@ -75,6 +76,7 @@ from harness.bench.sdpa_pin import first_kernel_that_runs, says_no_kernel
 from harness.bench.timing import (
     CacheFlusher,
     HostClock,
+    Measurement,
     TimingConfig,
     device_type,
     long_lived_objects_frozen,
@@ -157,6 +159,8 @@ class BenchConfig:
     case_timeout_s: float | None = 600.0
     probe_ceilings: bool = True
     pin_sdpa: bool | None = None  # pin the peer's and sdpa's SDPA kernel; None: on CUDA only
+    interleave: bool = False  # the workloads' cases taken in turn (``run_order``)
+    last_start_s: float | None = None  # no case starts later than this after the run began
 
     @property
     def pins_sdpa(self) -> bool:
@@ -170,7 +174,7 @@ class BenchConfig:
 
 
 ProgressFn = Callable[[int, int, str], None]
-Attempt = tuple[Verdict, dict[str, TimingRecord]]
+Attempt = tuple[CaseCheck, dict[str, TimingRecord]]
 SDPA_BACKEND_CLASSES = frozenset({"reference_backends.sdpa.SdpaBackend"})
 """Backends timed under a pinned SDPA kernel, like the peer: the ones that call SDPA."""
 
@@ -274,9 +278,9 @@ class _Runner:
                 if verdict.status == "PASSED":  # a wrong peer gives no ratio: do not time it
                     timings["forward"] = self._time_forward(peer)
         except CaseTimeout as exc:
-            verdict, timings = Verdict("TIMEOUT", f"peer: {describe(exc)}"), {}
+            verdict, timings = CaseCheck("TIMEOUT", f"peer: {describe(exc)}"), {}
         except Exception as exc:  # the harness's own peer failed: say so, keep going
-            verdict, timings = Verdict("RUNTIME_ERROR", f"peer: {describe(exc)}"), {}
+            verdict, timings = CaseCheck("RUNTIME_ERROR", f"peer: {describe(exc)}"), {}
         return verdict, timings
 
     def run_peer(self, case: PreparedCase) -> CaseRecord:
@@ -324,9 +328,9 @@ class _Runner:
                     timings["prepare"] = self._time_prepare(checked.prepare_fn(case))
                     timings["forward"] = self._time_forward(checked.forward_fn(case))
         except CaseTimeout as exc:
-            verdict, timings = Verdict("TIMEOUT", describe(exc)), {}
+            verdict, timings = CaseCheck("TIMEOUT", describe(exc)), {}
         except Exception as exc:  # raised while timing: its samples are not a result
-            verdict, timings = Verdict(classify(exc), f"during timing: {describe(exc)}"), {}
+            verdict, timings = CaseCheck(classify(exc), f"during timing: {describe(exc)}"), {}
         return verdict, timings
 
     def run_case(
@@ -387,6 +391,31 @@ def in_dtype(spec: CaseSpec, dtype: str | None) -> CaseSpec:
     return replace(spec, dtype=dtype, name=f"{spec.name} [{dtype}]")
 
 
+KeepFn = Callable[[RunRecord], None]
+"""Given the run's record after every case (``partial`` until the last), e.g. to save it."""
+
+
+def run_order(
+    workloads: Sequence[Workload], config: BenchConfig
+) -> list[tuple[int, Workload, CaseSpec]]:
+    """Every case of ``workloads`` in ``config.dtype``, with its place in workload order,
+    in the order they run: with ``config.interleave`` the workloads' cases are taken
+    in turn, so a run cut short holds some of each (its record keeps workload order)."""
+    size = config.workload_size
+    columns: list[list[tuple[int, Workload, CaseSpec]]] = []
+    place = 0
+    for workload in workloads:
+        specs = workload.cases(size)
+        columns.append(
+            [(place + i, workload, in_dtype(spec, config.dtype)) for i, spec in enumerate(specs)]
+        )
+        place += len(specs)
+    if not config.interleave:
+        return [case for column in columns for case in column]
+    rows = itertools.zip_longest(*columns)
+    return [case for row in rows for case in row if case is not None]
+
+
 def run_benchmarks(
     backends: Sequence[BackendEntry],
     workloads: Sequence[Workload],
@@ -394,13 +423,24 @@ def run_benchmarks(
     *,
     progress: ProgressFn | None = None,
     command: Sequence[str] | None = None,
+    keep: KeepFn | None = None,
 ) -> RunRecord:
-    """Run every (case, backend) of ``workloads`` and return the run's record."""
+    """Run every (case, backend) of ``workloads`` and return the run's record.
+
+    ``keep`` is given the record after every case, marked ``partial`` until the
+    last, so a run stopped at any point (Ctrl-C, a time limit) leaves every case
+    it finished; the last call gets the finished record. No case starts past
+    ``config.last_start_s``; a run so cut short is returned ``partial``, with a flag.
+    """
     config = config or BenchConfig()
-    size = config.workload_size
-    plan = [(w, in_dtype(spec, config.dtype)) for w in workloads for spec in w.cases(size)]
-    dtypes = tuple(dict.fromkeys(spec.torch_dtype for _, spec in plan)) or (torch.float32,)
+    plan = run_order(workloads, config)
+    dtypes = tuple(dict.fromkeys(spec.torch_dtype for _, _, spec in plan)) or (torch.float32,)
     _, threads_source = timing_threads(config.threads)
+    done: dict[int, list[CaseRecord]] = {}  # by the case's place in workload order
+
+    def in_order() -> list[CaseRecord]:
+        return [record for place in sorted(done) for record in done[place]]
+
     with fixed_threads(config.threads) as threads:
         environment = fingerprint(config.device, threads=threads)
         overhead = timer_overhead(config.device)
@@ -415,44 +455,93 @@ def run_benchmarks(
             total=len(plan) * (len(backends) + 1),
         )
         runner.started, runner.dtypes = started, dtypes
+        header = RunHeader(config, environment, threads, threads_source, overhead, flusher)
+
+        def record(cases: list[CaseRecord], partial: bool) -> RunRecord:
+            return header.record(workloads, command, runner.ceilings, cases, runner.flags, partial)
+
         with long_lived_objects_frozen():
-            for workload, spec in plan:
+            for place, workload, spec in plan:
+                if _past(config.last_start_s, started):
+                    runner.flags.append(f"out of time: {len(plan) - len(done)} cases not started")
+                    break
+                first = len(runner.records)
                 runner.run_case(workload, spec, backends)
-        if config.probe_ceilings and plan:
+                done[place] = runner.records[first:]
+                if keep is not None and len(done) < len(plan):
+                    keep(record(in_order(), partial=True))
+        finished = len(done) == len(plan)
+        if config.probe_ceilings and finished and plan:
             runner.add_round("after", probe(config.device, dtypes=dtypes))
-        finish_run(runner.records, runner.ceilings, runner.flags)
-        ceilings = runner.ceilings
-    return RunRecord(
-        created=_now(),
-        tool={"name": "attn-harness bench", "version": __version__, "command": list(command or [])},
-        environment=environment,
-        ceilings=ceilings.to_json(),
-        timing={
-            "device": config.device,
-            "clock": overhead.clock,
-            "threads": threads,
-            "threads_source": threads_source,
-            "cold_cache": config.timing.cold_cache,
-            "cuda_graph": config.timing.cuda_graph,
-            "flush_bytes": getattr(flusher, "nbytes", 0),
-            "config": asdict(config.timing),
-            "prepare_config": asdict(config.prepare_timing),
-            "case_timeout_s": config.case_timeout_s,
-            "overhead": TimingRecord.from_measurement(overhead).to_json(),
-        },
-        workloads=[
-            {
-                "name": w.name,
-                "version": w.version,
-                "size": size,
-                "kind": w.kind,
-                "description": w.description,
-            }
-            for w in workloads
-        ],
-        cases=runner.records,
-        flags=runner.flags,
-    )
+        cases = in_order()
+        finish_run(cases, runner.ceilings, runner.flags)
+    final = record(cases, partial=not finished)
+    if keep is not None and cases:
+        keep(final)
+    return final
+
+
+def _past(limit_s: float | None, started: float) -> bool:
+    return limit_s is not None and time.monotonic() - started > limit_s
+
+
+@dataclass(frozen=True)
+class RunHeader:
+    """What a run's record says about the run itself, fixed before its first case."""
+
+    config: BenchConfig
+    environment: dict[str, Any]
+    threads: int
+    threads_source: str
+    overhead: Measurement  # the timer's own cost per sample
+    flusher: CacheFlusher | None
+
+    def record(
+        self,
+        workloads: Sequence[Workload],
+        command: Sequence[str] | None,
+        ceilings: RunCeilings,
+        cases: list[CaseRecord],
+        flags: list[str],
+        partial: bool,
+    ) -> RunRecord:
+        config = self.config
+        return RunRecord(
+            created=_now(),
+            tool={
+                "name": "attn-harness bench",
+                "version": __version__,
+                "command": list(command or []),
+            },
+            environment=self.environment,
+            ceilings=ceilings.to_json(),
+            timing={
+                "device": config.device,
+                "clock": self.overhead.clock,
+                "threads": self.threads,
+                "threads_source": self.threads_source,
+                "cold_cache": config.timing.cold_cache,
+                "cuda_graph": config.timing.cuda_graph,
+                "flush_bytes": getattr(self.flusher, "nbytes", 0),
+                "config": asdict(config.timing),
+                "prepare_config": asdict(config.prepare_timing),
+                "case_timeout_s": config.case_timeout_s,
+                "overhead": TimingRecord.from_measurement(self.overhead).to_json(),
+            },
+            workloads=[
+                {
+                    "name": w.name,
+                    "version": w.version,
+                    "size": config.workload_size,
+                    "kind": w.kind,
+                    "description": w.description,
+                }
+                for w in workloads
+            ],
+            cases=list(cases),
+            partial=partial,
+            flags=list(flags),
+        )
 
 
 def finish_run(records: Sequence[CaseRecord], ceilings: RunCeilings, flags: list[str]) -> None:

@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from harness.bench.table import render
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from harness.bench.runner import BenchConfig
     from harness.bench.workloads import Workload
     from harness.core.registry import BackendEntry
+    from harness.results.store import RunRecord
 
 # harness.bench.workloads.DEFAULT_WORKLOADS and harness.bench.timing.TimingConfig's defaults,
 # spelled out so that the help needs no torch (a test keeps them equal)
@@ -107,7 +109,8 @@ def add_bench_command(subparsers: Any) -> None:
         type=output_file,
         metavar="FILE",
         help="write the results file (JSON, schema version 1: environment, ceilings, "
-        "every raw sample) here, atomically (default: print the table only)",
+        "every raw sample) here, atomically, after every case: marked partial until the "
+        "last, so an interrupted run keeps what it finished (default: the table only)",
     )
     p.add_argument(
         "--threads",
@@ -201,32 +204,41 @@ def render_workloads(workloads: list[Workload]) -> str:
 
 
 class Progress:
-    """A tqdm bar on stderr when tqdm is installed, else one plain line per step."""
+    """A live bar on a terminal (rich's, as ``attn-harness conform`` draws); else one
+    plain ``[done/total] case`` line per step, for a log and for the main job, which
+    reads the last one."""
 
     def __init__(self, enabled: bool, stream: TextIO | None = None) -> None:
         self.enabled = enabled
         self.stream = stream or sys.stderr
         self._bar: Any = None
+        self._task: Any = None
 
     def __call__(self, done: int, total: int, label: str) -> None:
         if not self.enabled:
             return
-        if self._bar is None:
-            try:
-                from tqdm import tqdm
-            except ImportError:
-                self._bar = False
-            else:
-                self._bar = tqdm(total=total, desc="bench", unit="case", file=self.stream)
-        if self._bar is False:
+        if not self.stream.isatty():
             print(f"[{done}/{total}] {label}", file=self.stream, flush=True)
             return
-        self._bar.set_postfix_str(label, refresh=False)
-        self._bar.update(done - self._bar.n)
+        if self._bar is None:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            console = Console(file=self.stream)
+            columns = (
+                TextColumn("bench"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.description}"),
+            )
+            self._bar = Progress(*columns, console=console, transient=True)
+            self._task = self._bar.add_task("", total=total)
+            self._bar.start()
+        self._bar.update(self._task, completed=done, total=total, description=label)
 
     def close(self) -> None:
-        if self._bar:
-            self._bar.close()
+        if self._bar is not None:
+            self._bar.stop()
 
 
 # -- the command -------------------------------------------------------------------
@@ -275,11 +287,43 @@ def _config(args: argparse.Namespace) -> BenchConfig:
     )
 
 
+class ResultsNotSaved(Exception):
+    """Writing the results file failed: the run stops rather than time cases it cannot keep."""
+
+
+class KeptCases:
+    """``run_benchmarks``'s ``keep``: the record saved to ``path`` after every case."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.cases = 0  # the cases in the file now
+
+    def __call__(self, record: RunRecord) -> None:
+        from harness.results.store import ResultsError, save_results
+
+        if self.path is None:
+            return
+        try:
+            save_results(record, self.path)
+        except (ResultsError, OSError) as exc:
+            raise ResultsNotSaved(str(exc)) from exc
+        self.cases = len({(case.workload, case.case) for case in record.cases})
+
+    def interrupted(self, planned: int) -> str:
+        if self.path is None:
+            return "interrupted; no results written (no --out)"
+        if not self.cases:
+            return "interrupted before the first case finished; nothing written"
+        return (
+            f"interrupted after {self.cases} of {planned} cases; "
+            f"those {self.cases} are in {self.path}, marked partial"
+        )
+
+
 def cmd_bench(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     # torch and everything that runs a benchmark load here, not when the parser is built
     from harness.bench import runner as bench
     from harness.bench.workloads import list_workloads
-    from harness.results.store import ResultsError, save_results
 
     backends, chosen = _check_usage(args)  # a UsageError: one line, exit 2 (cli.main)
     config = _config(args)
@@ -287,6 +331,7 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str] | None = None) -> in
         print(render_workloads(list_workloads()))
         return EXIT_OK
     progress = Progress(enabled=not args.no_progress)
+    kept = KeptCases(args.out)
     try:
         with contextlib.redirect_stdout(sys.stderr):  # a backend's prints stay out of the table
             record = bench.run_benchmarks(
@@ -295,19 +340,19 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str] | None = None) -> in
                 config,
                 progress=progress,
                 command=list(argv) if argv is not None else sys.argv,
+                keep=kept,
             )
     except KeyboardInterrupt:
-        print("\nattn-harness bench: interrupted; no results written", file=sys.stderr)
+        planned = len(bench.run_order(chosen, config))
+        print(f"\nattn-harness bench: {kept.interrupted(planned)}", file=sys.stderr)
         return 130
+    except ResultsNotSaved as exc:
+        print(f"\nattn-harness bench: error: results not saved: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     finally:
         progress.close()
     print(render(record))
     if args.out is not None:
-        try:
-            save_results(record, args.out)
-        except (ResultsError, OSError) as exc:
-            print(f"attn-harness bench: error: results not saved: {exc}", file=sys.stderr)
-            return EXIT_USAGE
         print(f"results written to {args.out}")
     return EXIT_FAILED if bench.failed(record) else EXIT_OK
 

@@ -49,8 +49,8 @@ LIVE_S = 1.0  # the live line's refresh on a terminal
 WIDTH = 100  # progress lines, their "[   12 s] " prefix included, fit this many columns
 TAIL_BYTES = 16384  # how much of a log's end is read for its last progress line
 TESTS_DONE = re.compile(r"(\d+)/(\d+) tests done(?:, about (\d+ (?:s|min)) left)?")
-# the bench's progress: tqdm's "| 12/120 [" or, without tqdm, "[12/120] case"
-CASES_DONE = re.compile(r"(?:^\[|\|\s*)(\d+)/(\d+)[\]\s]")
+# the bench's progress in a log: one "[12/120] case" line per step
+CASES_DONE = re.compile(r"^\[(\d+)/(\d+)\]")
 
 
 @dataclass
@@ -123,14 +123,11 @@ def _child_env(*, one_thread: bool) -> dict[str, str]:
     """A step's environment: unbuffered output; one torch thread for conformance workers.
 
     The bench is left at the user's setting (or torch's default), as a plain
-    ``attn-harness bench`` is, so their times compare; its tqdm bar redraws at
-    most every 5 s, since it lands in a log file.
+    ``attn-harness bench`` is, so their times compare.
     """
     env = dict(os.environ)
     if one_thread:
         env.setdefault("OMP_NUM_THREADS", "1")
-    else:
-        env.setdefault("TQDM_MININTERVAL", "5")
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -147,12 +144,14 @@ class Done:
     left: str | None = None  # "3 min", "40 s": what the step itself said
 
     def estimate(self, elapsed: float) -> str | None:
-        """The step's estimate, else one from the rate so far (none before the first)."""
+        """The step's estimate, else one from the pace so far (none before a quarter)."""
+        from harness.conformance.progress import seconds_left
+
         if self.left:
             return self.left
-        if not 0 < self.done < self.total:
+        seconds = seconds_left(elapsed, self.done, self.total)
+        if seconds is None:
             return None
-        seconds = elapsed / self.done * (self.total - self.done)
         return f"{seconds:.0f} s" if seconds < 60 else f"{seconds / 60:.0f} min"
 
 
@@ -175,7 +174,7 @@ def conform_progress(log: Path) -> Done | None:
 
 
 def bench_progress(log: Path) -> Done | None:
-    """The bench's last ``done/total`` count (its progress bar, or its plain lines)."""
+    """The bench's last ``done/total`` count, from its plain progress lines."""
     found = [m for part in re.split(r"[\r\n]", _tail(log)) for m in CASES_DONE.findall(part)]
     if not found:
         return None

@@ -29,11 +29,29 @@ def eta_text(seconds: float) -> str:
     return f"about {round(seconds / 60):.0f} min left"
 
 
+def seconds_left(elapsed: float, done: int, total: int) -> float | None:
+    """The rest at the pace so far, once a quarter of the tests are done.
+
+    Tests differ in cost a hundredfold (a rejection test takes a second, a
+    stateful one minutes), so a pace read from the first few tests is noise: it
+    said 51 minutes for a run that ended a minute later.
+    """
+    if not 0 < done < total or done * 4 < total:
+        return None
+    return elapsed / done * (total - done)
+
+
+def time_left(elapsed: float, done: int, total: int) -> str | None:
+    seconds = seconds_left(elapsed, done, total)
+    return None if seconds is None else eta_text(seconds)
+
+
 def progress_line(elapsed: float, who: str, done: int, total: int, running: str = "") -> str:
     """One plain progress line: elapsed time, tests done of total, an estimate of the rest."""
     line = f"[{elapsed:5.0f} s] {who}: {done}/{total} tests done"
-    if 0 < done < total:
-        line += ", " + eta_text(elapsed / done * (total - done))
+    left = time_left(elapsed, done, total)
+    if left:
+        line += ", " + left
     if running:
         line += f" (now {running})"
     return line
@@ -111,7 +129,6 @@ class LiveLine:
             SpinnerColumn,
             TextColumn,
             TimeElapsedColumn,
-            TimeRemainingColumn,
         )
 
         self._stream: IO[str] | None = _terminal_stream()
@@ -122,18 +139,21 @@ class LiveLine:
             TextColumn("{task.description}"),
             TextColumn("{task.fields[examples]} held"),
             TimeElapsedColumn(),
-            TextColumn("left"),
-            TimeRemainingColumn(),
+            TextColumn("{task.fields[left]}"),
             console=console,
             transient=True,
         )
-        self._task: Any = self._progress.add_task("starting", total=0, examples=0)
+        self._task: Any = self._progress.add_task("starting", total=0, examples=0, left="")
+        self._started = time.monotonic()
         self._per_test = per_test  # count the running test's examples (else the run's so far)
         self._progress.start()
 
     def start_test(self, done: int, total: int, label: str) -> None:
         if self._progress is not None:
-            self._progress.update(self._task, completed=done, total=total, description=label)
+            left = time_left(time.monotonic() - self._started, done, total) or ""
+            self._progress.update(
+                self._task, completed=done, total=total, description=label, left=left
+            )
             if self._per_test:
                 self._progress.update(self._task, examples=0)
 

@@ -29,7 +29,7 @@ from harness.core.batches import BatchBuilder
 from harness.core.errors import PropertyFailure, Unsupported
 from harness.core.kv_pages import PagePool, PoolLayout, pages_needed
 from harness.core.registry import BackendEntry
-from harness.numerics.canary import bits, changed_slots, snapshot
+from harness.numerics.canary import PoolWatch, bits, changed_slots, snapshot
 from harness.numerics.nan_evidence import nonfinite_evidence
 from harness.numerics.scenario import (
     Scenario,
@@ -227,6 +227,9 @@ def check_partition_respected(entry: BackendEntry, ranks: Sequence[Scenario]) ->
             *([(i, 1) for i in ids] for _ in range(steps)),
         ]
         runs.append((s, run, [requests for requests in plan if requests]))
+    watch = PoolWatch(caches)  # once every rank is bound: one copy of the pool, not one a call
+    for _, run, _ in runs:
+        run.watch = watch  # one pool: every rank's writes are news to the others
     for index in range(max(len(plan) for _, _, plan in runs)):
         for s, run, plan in runs:
             if index < len(plan):

@@ -20,7 +20,7 @@ from harness.core.batches import BatchBuilder, Step
 from harness.core.contract import LayerCache
 from harness.core.errors import PropertyFailure
 from harness.numerics.cache_readback import stored_sequences, write_problem
-from harness.numerics.canary import changed_slots, snapshot
+from harness.numerics.canary import PoolWatch, changed_slots, snapshot
 from harness.numerics.oracle import SequenceKV, references
 from harness.numerics.scenario import Scenario, fit_fp8
 from harness.numerics.tolerance import compare
@@ -42,6 +42,7 @@ class RankSteps:
     history: dict[int, KVHistory] = field(default_factory=dict)
     pending: dict[int, int] = field(default_factory=dict)  # prompt tokens not yet prefilled
     steps: int = 0
+    watch: PoolWatch | None = None  # one for every rank on a pool; None: copy it per forward
 
     def __post_init__(self) -> None:
         g = self.geometry
@@ -78,11 +79,36 @@ class RankSteps:
         for seq_id, query in requests:
             self.pending[seq_id] = max(0, self.pending[seq_id] - query)
         self.backend.prepare(built.metadata, graph_mode=pad_to is not None)
+        if self.watch is not None:
+            self.watch.changes()  # what ``prepare`` wrote is not a forward's doing
         slots = built.metadata.slot_mapping.tolist()
         for layer in range(g.num_layers):
             self._forward_layer(built, slots, layer)
+        if self.watch is not None:  # each forward looked at its own layer: now all of them
+            for index, stray in enumerate(self.watch.changes()):
+                if stray:
+                    raise PropertyFailure(
+                        f"{self.name}, step {self.steps + 1}: layer {index} slots "
+                        f"{sorted(stray)[:8]} changed after that layer's forward (a later "
+                        "forward wrote outside its own layer)"
+                    )
         self.steps += 1
         return built
+
+    def _changes(
+        self, layer: int, before: list[tuple[torch.Tensor, torch.Tensor]] | None
+    ) -> list[set[int]]:
+        """Per layer, the slots the forward of ``layer`` changed.
+
+        With a watch, only ``layer`` is compared now and the others once the
+        step's forwards are done (``step``): a write into another layer shows
+        there, at a cost of two passes over the pool a layer instead of one
+        per layer.
+        """
+        if self.watch is not None:
+            return self.watch.changes([layer])
+        assert before is not None
+        return changed_slots(self.caches, before)
 
     def _random(
         self,
@@ -118,11 +144,11 @@ class RankSteps:
             hist[layer] = (torch.cat([hist[layer][0], k]), torch.cat([hist[layer][1], v]))
             seqs.append(SequenceKV(*hist[layer]))
         query = self._random((len(slots), g.num_heads, g.head_dim), g.magnitude)
-        before = snapshot(self.caches)
+        before = snapshot(self.caches) if self.watch is None else None
         out = self.backend.forward(query, torch.cat(new_k), torch.cat(new_v), layer)
         where = f"{self.name}, step {self.steps + 1}, forward(layer {layer})"
         mapped = {s for s in slots if s != -1}
-        for index, changed in enumerate(changed_slots(self.caches, before)):
+        for index, changed in enumerate(self._changes(layer, before)):
             expect = mapped if index == layer else set()
             if changed != expect:
                 raise PropertyFailure(

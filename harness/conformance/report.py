@@ -30,7 +30,7 @@ _BLOB = re.compile(r"@reproduce_failure\('([^']+)', b'([^']*)'\)")
 
 
 @dataclass(frozen=True)
-class Failure:
+class FailureEntry:
     """One failed conformance test, in the words a backend author acts on."""
 
     backend: str
@@ -45,10 +45,12 @@ class Verdicts:
     """How each backend's conformance tests ended, per test function."""
 
     outcomes: dict[str, dict[str, Counter[str]]] = field(default_factory=dict)
-    failures: list[Failure] = field(default_factory=list)  # in the order the suite collects them
+    failures: list[FailureEntry] = field(
+        default_factory=list
+    )  # in the order the suite collects them
     positions: list[int] = field(default_factory=list)  # each failure's index in the collection
 
-    def add_failure(self, failure: Failure, position: int) -> None:
+    def add_failure(self, failure: FailureEntry, position: int) -> None:
         """Keep ``failure`` in collection order, whichever process ran it and when."""
         at = bisect.bisect_right(self.positions, position)
         self.positions.insert(at, position)
@@ -226,7 +228,7 @@ def shell_lines(command: str, width: int) -> list[str]:
     return lines
 
 
-def failure_lines(failure: Failure, width: int | None = None) -> list[str]:
+def failure_lines(failure: FailureEntry, width: int | None = None) -> list[str]:
     """One failure's entry: what failed, the shrunk scenario, and the command to replay it."""
     width = width or terminal_width()
     test = shown_name(failure.test, failure.backend)
@@ -306,10 +308,12 @@ def closing_line(
         verdict = "FAILED: " + "; ".join(problems)
     else:
         backends = ", ".join(verdicts.outcomes) or "no backend"
-        left = (
-            f"; {_plural(not_checked, 'example')} not checked, over budget" if not_checked else ""
-        )
-        verdict = f"PASSED: every property held for {backends} ({_plural(tests, 'test')}{left})"
+        skipped = verdicts.count("skipped")
+        notes = [f"{skipped} unsupported, not run"] if skipped else []
+        if not_checked:
+            notes.append(f"{_plural(not_checked, 'example')} not checked, over budget")
+        counted = "; ".join([_plural(tests, "test"), *notes])
+        verdict = f"PASSED: every property held for {backends} ({counted})"
     return f"attn-harness conform: {verdict} in {seconds:.0f} s"
 
 

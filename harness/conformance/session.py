@@ -13,7 +13,6 @@ those into pytest usage errors.
 from __future__ import annotations
 
 import math
-import pkgutil
 import shlex
 import sys
 from collections import Counter
@@ -21,54 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from harness.conformance.plugin_names import PROFILE_NAMES
-
-
-@dataclass(frozen=True)
-class ConformanceOptions:
-    """What one run was asked for: the plugin's command-line options, checked."""
-
-    profile: str = "ci"
-    device: str = "cpu"
-    time_limit: float | None = None  # --example-time-limit, seconds
-    examples: int | None = None  # --examples: per property test, instead of the profile's
-    interpreted_budget: float | None = None  # --interpreted-budget: seconds for the run
-    specs: tuple[str, ...] = ()  # --backend (empty: every registered backend on the device)
-    replay: str | None = None  # --replay TEST[@VERSION:BLOB]
-    cli: bool = False  # run by `attn-harness conform`: replay commands name that command
-
-    def __post_init__(self) -> None:
-        if self.profile not in PROFILE_NAMES:
-            raise ValueError(f"unknown profile {self.profile!r}; choose from {PROFILE_NAMES}")
-        if self.examples is not None and self.examples < 1:
-            raise ValueError(f"--examples must be >= 1, got {self.examples}")
-        if self.interpreted_budget is not None and not self.interpreted_budget > 0:
-            raise ValueError(f"--interpreted-budget must be > 0, got {self.interpreted_budget:g}")
-
-    @classmethod
-    def from_namespace(cls, options: Any) -> ConformanceOptions:
-        """From pytest's parsed options (``config.option`` or the early namespace)."""
-        return cls(
-            profile=options.conformance_profile,
-            device=options.conformance_device,
-            time_limit=options.example_time_limit,
-            examples=options.examples,
-            interpreted_budget=getattr(options, "interpreted_budget", None),
-            specs=tuple(getattr(options, "backend", None) or ()),
-            replay=getattr(options, "replay", None),
-            cli=bool(getattr(options, "conformance_cli", False)),
-        )
-
-
-def parse_replay(value: str | None) -> tuple[str, str | None, bytes | None] | None:
-    """``--replay``: ``(test, hypothesis version, blob)``, or the test's name alone."""
-    if not value:
-        return None
-    if "@" not in value:
-        return value, None, None
-    from harness.conformance.report import parse_replay as parse_token
-
-    return parse_token(value)
+from harness.conformance.options import ConformanceOptions, parse_replay
 
 
 @dataclass
@@ -204,12 +156,14 @@ class ConformanceSession:
             counts.setdefault(skipped.backend, Counter())[function] += 1
         return counts
 
+    def unchecked_here(self, backend: str) -> list[Any]:
+        """The running test's examples that the cost budget left unchecked."""
+        item = self.current_item()
+        return [n for n in self.cost.not_checked(backend) if n.test == item] if self.cost else []
+
     def nothing_affordable(self, backend: str) -> str | None:
         """Why the running test checked nothing, when the cost budget refused its every example."""
-        if self.cost is None:
-            return None
-        item = self.current_item()
-        left = [n for n in self.cost.not_checked(backend) if n.test == item]
+        item, left = self.current_item(), self.unchecked_here(backend)
         if not left or self.cost.checked_in(backend, item):
             return None
         cheapest = min(n.seconds for n in left)
@@ -218,35 +172,6 @@ class ConformanceSession:
             f"budget (its part: {self.cost.allowance(backend, item):.1f} s; the cheapest "
             f"about {cheapest:.0f} s)"
         )
-
-    def sizing_notes(self) -> list[str]:
-        """Header lines: backends left out of a default run, and how interpreted ones are sized."""
-        entries = self.selected_entries()  # fills not_claiming
-        notes = [
-            f"{name} not run: registered, but claims no {self.device!r} device here "
-            f"(attn-harness list --backend {name} shows its capabilities)"
-            for name in self.not_claiming
-        ]
-        for entry in entries:
-            if self.interpreted_here(entry):
-                profile = self.profile_for(entry)
-                notes.append(
-                    f"{entry.name} runs interpreted on {self.device}: profile {profile.name}, "
-                    f"{profile.settings.max_examples} examples per property "
-                    f"(of {self.profile().settings.max_examples}) on smaller shapes, "
-                    f"{profile.production_examples} per production regime, at most "
-                    f"{profile.cost_budget_s:g} s of examples in all, parted among its tests "
-                    "(by predicted cost); "
-                    "coverage is reported, not required"
-                )
-        if self.pool_note is not None:
-            notes.append(f"{self.pool_note}: examples may depend on which tests ran before")
-        if self.shrink_limit is not None:
-            notes.append(
-                f"a failure is shrunk for at most {self.shrink_limit:g} s (a backend runs "
-                "interpreted; --shrink-time-limit or --max-shrinks sets it)"
-            )
-        return notes
 
     # -- what ran ----------------------------------------------------------------------
 
@@ -306,11 +231,11 @@ class ConformanceSession:
     def record_verdict(self, verdict: Any) -> None:
         """One finished test (``workers.TestVerdict``, from its report): its outcome, and
         its failure entry kept in collection order whichever process ran it."""
-        from harness.conformance.report import Failure
+        from harness.conformance.report import FailureEntry
 
         self.record_outcome(verdict.backend, verdict.module, verdict.function, verdict.outcome)
         if verdict.failure is not None:
-            self.verdicts.add_failure(Failure(**verdict.failure), verdict.position)
+            self.verdicts.add_failure(FailureEntry(**verdict.failure), verdict.position)
 
     def replay_blob(self) -> tuple[str, bytes] | None:
         """``(hypothesis version, blob)`` of the example ``--replay`` asks for, if any."""
@@ -335,216 +260,6 @@ class ConformanceSession:
             args += ["--conformance-profile", profile]
             args += [] if device == "cpu" else ["--conformance-device", device]
         return shlex.join([*args, "--replay", token])
-
-    # -- coverage promised and reached -----------------------------------------------------
-
-    def requirements(self, entry: Any) -> list[Any]:
-        """What the profile promises to reach inside ``entry``'s claim (nothing if it does not)."""
-        from harness.conformance.claim_coverage import requirements
-        from harness.conformance.large_pool import large_pool_scenario, unavailable_reason
-
-        profile = self.profile_for(entry)
-        if not profile.enforces_coverage:
-            return []
-        budget = profile.budget
-        large = large_pool_scenario(entry.capabilities, self.device)
-        return requirements(
-            entry.capabilities,
-            dp_aware=entry.accepts_dp,
-            max_dp_size=budget.max_dp_size,
-            max_context=budget.max_context,
-            limit=budget.production,
-            large_pool=large is not None and unavailable_reason(large) is None,
-            device=self.device,
-        )
-
-    def whole_suite_ran(self, name: str) -> bool:
-        """Every conformance module ran for this backend and nothing was deselected."""
-        import suites.conformance as package
-
-        expected = {
-            f"{package.__name__}.{m.name}"
-            for m in pkgutil.iter_modules(package.__path__)
-            if m.name.startswith("test_")
-        }
-        return not self.deselected and expected <= self.modules.get(name, set())
-
-    def wanted(self) -> dict[str, list[Any]]:
-        """Per backend whose whole suite ran: what the profile promises it reaches."""
-        if self.coverage is None:
-            return {}
-        entries = {e.name: e for e in self.selected_entries()}
-        return {
-            name: self.requirements(entries[name])
-            for name in self.coverage.backends
-            if name in entries and self.whole_suite_ran(name)
-        }
-
-    def coverage_gaps(self) -> dict[str, list[Any]]:
-        """Per backend whose whole suite ran: the promised values never checked."""
-        return {
-            name: self.coverage.backends[name].missing(wanted)
-            for name, wanted in self.wanted().items()
-        }
-
-    def coverage_json(self) -> dict[str, Any] | None:
-        """The tally as the ``.coverage.json`` file holds it, with each backend's failure
-        groups (``triage``); ``None`` when nothing ran."""
-        from harness.conformance.triage import group_json
-
-        groups = self.failure_groups()
-        if self.coverage is None and not groups:
-            return None
-        backends = self.coverage.as_json(self.wanted()) if self.coverage is not None else {}
-        for group in groups:
-            backend = backends.setdefault(group.failures[0].backend, {})
-            backend.setdefault("triage", []).append(group_json(group))
-        return {
-            "profile": self.options.profile,
-            "examples_per_test": int(self.profile().settings.max_examples),
-            "backends": backends,
-        }
-
-    def junit_properties(self) -> list[tuple[str, str]]:
-        """The tally as the JUnit report's test-suite properties: ``coverage[NAME].DIM``."""
-        data = self.coverage_json()
-        if data is None:
-            return []
-        properties = []
-        for name, backend in data["backends"].items():
-            if "examples" not in backend:
-                continue  # failures, and no example counted (a rejection test's)
-            properties.append((f"coverage[{name}].examples", str(backend["examples"])))
-            for dimension, counts in backend["dimensions"].items():
-                cells = "; ".join(f"{label}={n}" for label, n in counts.items())
-                properties.append((f"coverage[{name}].{dimension}", cells))
-            stateful = backend["stateful"]
-            if stateful.get("runs"):
-                properties.append(
-                    (
-                        f"coverage[{name}].stateful",
-                        f"runs={stateful['runs']} steps_median={stateful['steps_median']} "
-                        f"steps_p10={stateful['steps_p10']}",
-                    )
-                )
-            if backend["never_checked"]:
-                never = "; ".join(backend["never_checked"])
-                properties.append((f"coverage[{name}].never_checked", never))
-        for i, line in enumerate(self.triage_lines()):
-            properties.append((f"triage.{i}", line))
-        return properties
-
-    # -- the lines a run ends with -------------------------------------------------------
-
-    def coverage_lines(self, full: bool) -> list[str]:
-        """The coverage table of each backend (``full``), or one line each."""
-        log = self.coverage
-        if log is None:
-            return []
-        wanted_by_name = self.wanted()
-        entries = {e.name: e for e in self.selected_entries()}
-        lines = []
-        for name in sorted(log.backends):
-            wanted = wanted_by_name.get(name, [])
-            if full:
-                table = log.table(name, wanted)
-                lines += [""]
-                lines += [f"attn-harness {line}" if line[0] != " " else line for line in table]
-                continue
-            gaps = log.backends[name].missing(wanted)
-            if wanted:
-                promise = (
-                    f"{len(gaps)} promised value(s) never checked (below)"
-                    if gaps
-                    else "every promised value checked"
-                )
-            elif name not in wanted_by_name:
-                promise = "not required (part of the suite ran)"
-            else:
-                promise = f"not required by the {self.profile_for(entries[name]).name} profile"
-            cover = log.backends[name]
-            steps = sum(cover.totals()["dtype"].values())
-            held = f"{sum(cover.examples.values())} examples held, {steps} rank-steps"
-            lines.append(f"attn-harness coverage of {name!r}: {held}; {promise}")
-        examples = self.options.examples
-        if examples is not None and examples < self.default_examples():
-            lines.append(
-                f"attn-harness: --examples {examples}, fewer than the {self.options.profile} "
-                f"profile's {self.default_examples()}: coverage is reported, not required"
-            )
-        return lines
-
-    def cost_lines(self) -> list[str]:
-        """What the interpreted backends' cost budget left unchecked, one line per backend."""
-        if self.cost is None:
-            return []
-        return list(self.cost.summary_lines(self.profile().name + " (interpreted)"))
-
-    def problems(self) -> list[tuple[str, str]]:
-        """Why a run whose tests passed still fails, as (what, what it means)."""
-        problems = []
-        for name, gaps in sorted(self.coverage_gaps().items()):
-            if gaps:
-                failed = sum(c["failed"] for c in self.verdicts.outcomes.get(name, {}).values())
-                meaning = (
-                    "tests of it failed, and a failing test draws nothing after its failure: "
-                    "fix the failures first; these values may well be reached then."
-                    if failed
-                    else "the profile promises these inside its claim. Declare what the "
-                    "backend cannot do in capabilities(), or see which draws it refused."
-                )
-                problems.append(
-                    (
-                        f"backend {name!r} passed nothing for "
-                        + "; ".join(f"{g.dimension} {g.wanted}" for g in gaps),
-                        meaning,
-                    )
-                )
-        for name in self.verdicts.nothing_checked():
-            problems.append(
-                (
-                    f"nothing could be checked for backend {name!r}",
-                    "every conformance test was skipped (outside its declared capabilities)",
-                )
-            )
-        return problems
-
-    def problem_lines(self, problems: list[tuple[str, str]] | None = None) -> list[str]:
-        """``problems`` (default: this run's) as the lines the run ends with."""
-        found = self.problems() if problems is None else problems
-        return [f"attn-harness: {what}: {meaning}" for what, meaning in found]
-
-    def verdict_lines(self, every_failure: bool = True) -> list[str]:
-        """The verdict table (backend x property), then the failures grouped by cause.
-
-        Each group opens with its triage line; ``every_failure`` prints an
-        entry for every failure (``-v``, plain pytest), otherwise one
-        representative per group and the rest named.
-        """
-        from harness.conformance.report import (
-            UNWRAPPED,
-            failure_lines,
-            grouped_failure_lines,
-            terminal_width,
-            verdict_rows,
-        )
-        from harness.core.text_table import aligned, fitted
-
-        if not self.verdicts.outcomes:
-            return []
-        examples = {name: cover.examples for name, cover in self.coverage_log().backends.items()}
-        rows = verdict_rows(self.verdicts, examples, self.not_checked_counts())
-        width = terminal_width()
-        table = (fitted(rows, width) if width < UNWRAPPED else None) or aligned(rows)
-        lines = ["", *table]
-        if self.verdicts.failures:
-            lines.append("")
-        for group in self.failure_groups():
-            if len(self.verdicts.failures) > 1:
-                lines += grouped_failure_lines(group, every_failure)
-            else:
-                lines += failure_lines(group.failures[0])
-        return lines
 
     def failure_groups(self) -> list[Any]:
         """The run's failures grouped by what explains them (``triage.group_failures``).
@@ -573,27 +288,3 @@ class ConformanceSession:
         from harness.conformance.triage import cause_line
 
         return [f"{g.failures[0].backend}: {cause_line(g)}" for g in self.failure_groups()]
-
-    def compact_summary(self, seconds: float) -> list[str]:
-        """What ``attn-harness conform`` prints at the end (``--conformance-output compact``)."""
-        from harness.conformance.report import closing_line
-
-        problems = self.problems()
-        full = "coverage tables: -v; as JSON: --junitxml FILE, or -- --coverage-json FILE"
-        coverage = self.coverage_lines(full=False)
-        if self.coverage is not None:
-            coverage.append(f"  ({full})")
-        lines = [*self.verdict_lines(every_failure=False), "", *coverage]
-        lines += self.cost_lines()
-        lines += self.problem_lines(problems)
-        replayed = self.replay[0] if self.replay_held and self.replay is not None else None
-        return [
-            *lines,
-            closing_line(
-                self.verdicts,
-                seconds,
-                [what for what, _ in problems],
-                replayed,
-                not_checked=0 if self.cost is None else len(self.cost.skipped),
-            ),
-        ]

@@ -324,7 +324,7 @@ def _rank(cause: Cause) -> tuple[float, int, int, bool, int]:
 class Group:
     """Failures that share one explanation: a cause, or the property they failed."""
 
-    failures: list[Any]  # report.Failure, the representative first
+    failures: list[Any]  # report.FailureEntry, the representative first
     cause: Cause | None
     property_only: str | None = None  # the one test that failed, when no dimension separates
     held_elsewhere: int = 0  # held examples of the backend's other tests (property_only)

@@ -79,6 +79,27 @@ def _keeping_devices(declared: Any) -> Any:
     return classmethod(capabilities)
 
 
+def _check_storage(geometry: CacheGeometry, variant: Any, backend: type[PagedBackendBase]) -> None:
+    """The cache's layout is claimed and its dtype is what ``kv_cache_dtype`` says."""
+    caps = backend.capabilities()
+    if geometry.layout not in caps.cache_layouts:
+        raise Unsupported(
+            f"{backend.__name__}: cache layout {geometry.layout!r} is not claimed "
+            f"(cache_layouts={caps.cache_layouts})"
+        )
+    wanted = variant.cache_dtype
+    if wanted is not None and geometry.dtype != wanted:
+        raise CacheBindingError(
+            f"kv_cache_dtype={variant.kv_cache_dtype!r} needs a {wanted} cache, "
+            f"got {geometry.dtype}"
+        )
+    if wanted is None and geometry.dtype in FP8_DTYPES:
+        raise CacheBindingError(
+            f"a {geometry.dtype} cache needs kv_cache_dtype='fp8_e4m3' or 'fp8_e5m2' "
+            "and its k_scale/v_scale in the constructor"
+        )
+
+
 class PagedBackendBase:
     """DP-aware paged attention skeleton following the backend contract.
 
@@ -178,7 +199,7 @@ class PagedBackendBase:
         geometry = validate_layer_caches(
             layer_caches, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim
         )
-        self._check_storage(geometry)
+        _check_storage(geometry, self.variant, type(self))
         self._page_range = check_rank_is_bound(geometry, self.dp_size, self.dp_rank)
         self._geometry = geometry
         self._caches = list(layer_caches)
@@ -218,26 +239,6 @@ class PagedBackendBase:
             plan=self.plan_step(checked, geometry),
             geometry=geometry,
         )
-
-    def _check_storage(self, geometry: CacheGeometry) -> None:
-        """The cache's layout is claimed and its dtype is what ``kv_cache_dtype`` says."""
-        caps = type(self).capabilities()
-        if geometry.layout not in caps.cache_layouts:
-            raise Unsupported(
-                f"{type(self).__name__}: cache layout {geometry.layout!r} is not claimed "
-                f"(cache_layouts={caps.cache_layouts})"
-            )
-        wanted = self.variant.cache_dtype
-        if wanted is not None and geometry.dtype != wanted:
-            raise CacheBindingError(
-                f"kv_cache_dtype={self.variant.kv_cache_dtype!r} needs a {wanted} cache, "
-                f"got {geometry.dtype}"
-            )
-        if wanted is None and geometry.dtype in FP8_DTYPES:
-            raise CacheBindingError(
-                f"a {geometry.dtype} cache needs kv_cache_dtype='fp8_e4m3' or 'fp8_e5m2' "
-                "and its k_scale/v_scale in the constructor"
-            )
 
     def forward(
         self,

@@ -19,7 +19,7 @@ AGREED_KINDS = ("dp-metadata", "check", "setup", "usage")
 
 
 @dataclass(frozen=True)
-class Failure:
+class RunFailure:
     """Why the run ended: exit code, message, the rank and 0-based step it is about."""
 
     code: int
@@ -34,9 +34,9 @@ Codes = Sequence[int | None]
 Beats = Sequence[Beat | None]
 
 
-def diagnose_exit(statuses: Statuses, codes: Codes, beats: Beats) -> Failure:
+def diagnose_exit(statuses: Statuses, codes: Codes, beats: Beats) -> RunFailure:
     """A rank exited non-zero: the cause among every rank's status, exit code and beat."""
-    judges: tuple[Callable[[Statuses, Codes, Beats], Failure | None], ...] = (
+    judges: tuple[Callable[[Statuses, Codes, Beats], RunFailure | None], ...] = (
         _agreed_error, _killed, _raised, _stuck, _collateral,
     )  # fmt: skip
     for judge in judges:
@@ -44,39 +44,39 @@ def diagnose_exit(statuses: Statuses, codes: Codes, beats: Beats) -> Failure:
         if found is not None:
             return found
     rank = next(r for r, c in enumerate(codes) if c not in (None, 0))
-    return Failure(1, f"rank {rank} exited with code {codes[rank]} without a report", rank)
+    return RunFailure(1, f"rank {rank} exited with code {codes[rank]} without a report", rank)
 
 
-def diagnose_stall(beats: Beats, codes: Codes, idle: float, timeout: float) -> Failure:
+def diagnose_stall(beats: Beats, codes: Codes, idle: float, timeout: float) -> RunFailure:
     """No rank moved for ``idle`` seconds: name the one stopped outside a collective."""
     where = ", ".join(f"rank {b.rank} at {b.where()}" for b in beats if b is not None)
     for rank, beat in enumerate(beats):
         if beat is None:
             message = f"rank {rank} never started: no sign of it for {idle:.0f} s"
-            return Failure(1, message, rank, None, hung=True)
+            return RunFailure(1, message, rank, None, hung=True)
     for rank, code in enumerate(codes):
         if code == 0:
             message = (
                 f"rank {rank} exited (code 0) before the group finished; the others waited "
                 f"{idle:.0f} s: {where}"
             )
-            return Failure(1, message, rank, None, hung=True)
+            return RunFailure(1, message, rank, None, hung=True)
     stuck = [b for b in beats if b is not None and not b.waiting]
     if not stuck:
         message = (
             f"every rank is waiting in a collective and none moved for {idle:.1f} s "
             f"(the timeout is {timeout:g} s): the ranks' collectives are out of step: {where}"
         )
-        return Failure(1, message, None, None, hung=True)
+        return RunFailure(1, message, None, None, hung=True)
     culprit = stuck[0]
     message = (
         f"rank {culprit.rank} hung at {culprit.where()}: no rank moved for {idle:.1f} s "
         f"(the timeout); {where}"
     )
-    return Failure(1, message, culprit.rank, culprit.step, hung=True)
+    return RunFailure(1, message, culprit.rank, culprit.step, hung=True)
 
 
-def _agreed_error(statuses: Statuses, codes: Codes, beats: Beats) -> Failure | None:
+def _agreed_error(statuses: Statuses, codes: Codes, beats: Beats) -> RunFailure | None:
     """An error every rank raised together (bad DP metadata, a failed check, set-up)."""
     shared = [s for s in statuses if s is not None and s.kind in AGREED_KINDS]
     if not shared:
@@ -85,10 +85,10 @@ def _agreed_error(statuses: Statuses, codes: Codes, beats: Beats) -> Failure | N
     agreed = sum(1 for s in statuses if s is not None and s.error == cause.error)
     message = f"{cause.error} (raised on {agreed} of {len(statuses)} ranks)"
     rank = cause.culprit if cause.culprit is not None else cause.rank
-    return Failure(2 if cause.kind == "usage" else 1, message, rank, cause.step)
+    return RunFailure(2 if cause.kind == "usage" else 1, message, rank, cause.step)
 
 
-def _killed(statuses: Statuses, codes: Codes, beats: Beats) -> Failure | None:
+def _killed(statuses: Statuses, codes: Codes, beats: Beats) -> RunFailure | None:
     """A rank ended by a signal, with no report: its last beat says where it died."""
     for rank, code in enumerate(codes):
         if code is not None and code < 0 and statuses[rank] is None:
@@ -96,36 +96,36 @@ def _killed(statuses: Statuses, codes: Codes, beats: Beats) -> Failure | None:
             where = "before it started" if beat is None else f"at {beat.where()}"
             step = None if beat is None else beat.step
             name = signal.Signals(-code).name
-            return Failure(1, f"rank {rank} was killed by {name} {where}", rank, step)
+            return RunFailure(1, f"rank {rank} was killed by {name} {where}", rank, step)
     return None
 
 
-def _raised(statuses: Statuses, codes: Codes, beats: Beats) -> Failure | None:
+def _raised(statuses: Statuses, codes: Codes, beats: Beats) -> RunFailure | None:
     """A rank that raised outside a collective: the others' errors follow from it."""
     for status in statuses:
         if status is not None and not status.collateral:
             step = "before the first step" if status.step < 0 else f"at step {status.step + 1}"
             message = f"rank {status.rank} failed {step} ({status.phase}): {status.error}"
-            return Failure(1, message, status.rank, status.step)
+            return RunFailure(1, message, status.rank, status.step)
     return None
 
 
-def _stuck(statuses: Statuses, codes: Codes, beats: Beats) -> Failure | None:
+def _stuck(statuses: Statuses, codes: Codes, beats: Beats) -> RunFailure | None:
     """Only collective errors: the cause is a rank that never started, or one stuck outside."""
     for rank, beat in enumerate(beats):
         if beat is None and statuses[rank] is None:
-            return Failure(1, f"rank {rank} never started; the others' collectives timed out", rank)
+            return RunFailure(1, f"rank {rank} never started; the others' collectives timed out", rank)
     for beat in beats:
         if beat is not None and not beat.waiting and statuses[beat.rank] is None:
             message = f"rank {beat.rank} hung at {beat.where()}: the others' collectives timed out"
-            return Failure(1, message, beat.rank, beat.step, hung=True)
+            return RunFailure(1, message, beat.rank, beat.step, hung=True)
     return None
 
 
-def _collateral(statuses: Statuses, codes: Codes, beats: Beats) -> Failure | None:
+def _collateral(statuses: Statuses, codes: Codes, beats: Beats) -> RunFailure | None:
     """Nothing better known: the first collective error."""
     for status in statuses:
         if status is not None:
             message = f"rank {status.rank} failed at {status.phase}: {status.error}"
-            return Failure(1, message, status.rank, status.step)
+            return RunFailure(1, message, status.rank, status.step)
     return None

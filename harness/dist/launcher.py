@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.dist.diagnosis import Failure, diagnose_exit, diagnose_stall
+from harness.dist.diagnosis import RunFailure, diagnose_exit, diagnose_stall
 from harness.dist.group import INIT_ENV, PARENT_ENV
 from harness.dist.progress import read_beat, read_status, read_summary
 from harness.bench.environment import usable_cpus
@@ -164,7 +164,7 @@ def launch(
     )
 
 
-def _watch(procs: list[subprocess.Popen[bytes]], run_dir: Path, timeout: float) -> Failure | None:
+def _watch(procs: list[subprocess.Popen[bytes]], run_dir: Path, timeout: float) -> RunFailure | None:
     """Poll until every rank exits 0 (None) or the run must end (the failure)."""
     dp_size = len(procs)
     last_change = time.monotonic()
@@ -186,7 +186,7 @@ def _watch(procs: list[subprocess.Popen[bytes]], run_dir: Path, timeout: float) 
         time.sleep(POLL_S)
 
 
-def _first_failure(procs: list[subprocess.Popen[bytes]], run_dir: Path) -> Failure:
+def _first_failure(procs: list[subprocess.Popen[bytes]], run_dir: Path) -> RunFailure:
     """Give the others a moment to say why, then pick the cause, not the collateral."""
     deadline = time.monotonic() + GRACE_S
     while time.monotonic() < deadline and any(p.poll() is None for p in procs):

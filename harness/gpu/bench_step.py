@@ -2,57 +2,30 @@
 
 ``harness.gpu.check`` starts it with the command ``bench_command`` builds,
 under the step's time limit; ``bench_main`` reads that command line and
-``run_bench_step`` takes the workloads' cases in turn, one ``run_benchmarks``
-call each (the first probes the device ceilings), rewriting the results file
-after every case, so a step cut short keeps every case it finished. No case
-starts within ``BENCH_LAST_START_S`` of the limit.
+``run_bench_step`` runs the workloads' cases in turn through ``run_benchmarks``,
+which rewrites the results file after every case (as ``attn-harness bench --out``
+does), so a step cut short keeps every case it finished. No case starts within
+``BENCH_LAST_START_S`` of the limit.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from harness.bench.runner import BenchConfig
     from harness.bench.workloads import Workload
     from harness.core.registry import BackendEntry
-    from harness.results.store import RunRecord
+    from harness.results.store import CaseRecord, RunRecord
 
 BENCH_CASE_TIMEOUT_S = 60.0  # per (case, backend), check and timing: a first compile fits
 BENCH_BUDGET_S = 0.5  # wall clock for timing one forward
 BENCH_LAST_START_S = 20.0  # no bench case starts closer than this to the step's limit
-
-
-def _interleaved(workloads: Sequence[Workload], size: str) -> list[tuple[int, int]]:
-    """``(workload index, case index)``, the workloads' cases taken in turn."""
-    columns = [[(w, c) for c in range(len(wl.cases(size)))] for w, wl in enumerate(workloads)]
-    rows = itertools.zip_longest(*columns)
-    return [pair for row in rows for pair in row if pair is not None]
-
-
-def _remeasured(part: RunRecord, ceilings: dict[str, Any]) -> None:
-    """Metrics and flags of ``part`` against ``ceilings`` (the first case's probe)."""
-    from harness.bench.ceilings import RunCeilings
-    from harness.bench.runner import case_metrics
-    from harness.bench.workloads import CaseSpec
-
-    run_ceilings = RunCeilings.from_json(ceilings)
-    peer = next((c for c in part.cases if c.role == "peer" and c.valid), None)
-    for case in part.cases:
-        if not case.valid or case.forward is None:
-            continue
-        peer_forward = None if peer is None or case is peer else peer.forward
-        spec = CaseSpec.from_json(case.spec)
-        case.metrics, flags = case_metrics(spec, case.forward, run_ceilings, peer_forward)
-        case.flags = list(flags)
-    part.ceilings = ceilings
 
 
 def run_bench_step(
@@ -64,59 +37,41 @@ def run_bench_step(
     deadline_s: float,
     command: Sequence[str] = (),
 ) -> RunRecord | None:
-    """Every case of ``workloads``, one ``run_benchmarks`` call each, saved after each.
+    """Every case of ``workloads``, the workloads taken in turn, saved after each.
 
-    The first call probes the ceilings; later ones reuse them (their metrics
-    are recomputed against the first's), so every case is measured against
-    one ceiling. No case is started past ``deadline_s``.
+    ``run_benchmarks`` does the work (its ``keep`` saves, marked partial until
+    the last case); this prints each case's statuses as it ends, for the log.
+    No case is started past ``deadline_s``. None when no case ran.
     """
-    from harness.bench.runner import run_benchmarks
+    from harness.bench.runner import run_benchmarks, run_order
     from harness.results.store import save_results
 
-    size = config.workload_size
-    started = time.monotonic()
-    record: RunRecord | None = None
-    parts: dict[tuple[int, int], list[Any]] = {}
-    plan = _interleaved(workloads, size)
-    for done, (w, c) in enumerate(plan):
-        workload = workloads[w]
-        spec = workload.cases(size)[c]
-        if time.monotonic() - started > deadline_s:
-            print(f"out of time: {len(plan) - done} cases not started", flush=True)
-            break
-        print(f"[{done + 1}/{len(plan)}] {workload.key}/{spec.name}", flush=True)
-        single = replace(workload, cpu=(spec,), gpu=(spec,))
-        part = run_benchmarks(
-            entries,
-            [single],
-            replace(config, probe_ceilings=config.probe_ceilings and record is None),
-            command=list(command),
-        )
-        if record is None:
-            record = part
-        else:
-            _remeasured(part, record.ceilings)
-        for case in part.cases:
-            shown = case.error or (
-                f"{case.forward.summary().median / 1e3:.1f} us" if case.forward else ""
-            )
-            kernel = f" [SDPA {case.sdpa_kernel}]" if case.sdpa_kernel else ""
-            print(f"    {case.backend:24} {case.status:20} {shown}{kernel}", flush=True)
-        parts[(w, c)] = part.cases
-        record.cases = [case for key in sorted(parts) for case in parts[key]]
-        record.partial = done + 1 < len(plan)  # valid at every save; partial until the last
-        record.workloads = [
-            {
-                "name": wl.name,
-                "version": wl.version,
-                "size": size,
-                "kind": wl.kind,
-                "description": wl.description,
-            }
-            for wl in workloads
-        ]
+    config = replace(config, interleave=True, last_start_s=deadline_s)
+    planned = len(run_order(workloads, config))
+    shown: set[str] = set()  # the records already printed
+
+    def keep(record: RunRecord) -> None:
         save_results(record, path)
-    return record
+        new = [case for case in record.cases if case.id not in shown]
+        for name in dict.fromkeys(f"{c.workload}@{c.workload_version}/{c.case}" for c in new):
+            print(f"[{len(shown) // (len(entries) + 1) + 1}/{planned}] {name}", flush=True)
+            for case in new:
+                if f"{case.workload}@{case.workload_version}/{case.case}" == name:
+                    print(_status_line(case), flush=True)
+                    shown.add(case.id)
+
+    record = run_benchmarks(entries, workloads, config, command=list(command), keep=keep)
+    for flag in record.flags:
+        if flag.startswith("out of time"):
+            print(flag, flush=True)
+    return record if record.cases else None
+
+
+def _status_line(case: CaseRecord) -> str:
+    timed = case.forward.summary().median / 1e3 if case.forward else None
+    result = case.error or ("" if timed is None else f"{timed:.1f} us")
+    kernel = f" [SDPA {case.sdpa_kernel}]" if case.sdpa_kernel else ""
+    return f"    {case.backend:24} {case.status:20} {result}{kernel}"
 
 
 def bench_main(argv: Sequence[str] | None = None) -> int:

@@ -6,6 +6,8 @@ and a write of the same value through a wrong path still shows as unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from harness.core.contract import LayerCache
@@ -44,3 +46,35 @@ def changed_slots(
             }
         changed.append(rows)
     return changed
+
+
+class PoolWatch:
+    """A pool's bits kept current across calls: each call's changes are read against them.
+
+    Copying a whole pool before every call (``snapshot``) costs more than
+    comparing it, and a run of many steps on one large pool spends most of
+    its time there. A watch copies the pool once and afterwards only the slots
+    a call changed. Every rank stepping on one shared pool must use the same
+    watch: another's writes are its news.
+    """
+
+    def __init__(self, caches: list[LayerCache]) -> None:
+        self.caches = caches
+        self.bits = snapshot(caches)
+
+    def changes(self, layers: Sequence[int] | None = None) -> list[set[int]]:
+        """Per layer (``layers``, default all; the others read as unchanged), the global
+        slots changed since the watch last looked at that layer; it takes them in."""
+        chosen = range(len(self.caches)) if layers is None else layers
+        changed: list[set[int]] = [set() for _ in self.caches]
+        for index in chosen:
+            cache, (key, value) = self.caches[index], self.bits[index]
+            (rows,) = changed_slots([cache], [(key, value)])
+            changed[index] = rows
+            if not rows:
+                continue
+            local = torch.tensor(sorted(rows)) - cache.page_offset * cache.page_size
+            page, position = local // cache.page_size, local % cache.page_size
+            for now, old in ((cache.key_nhd, key), (cache.value_nhd, value)):
+                old[page, position] = _bit_view(now)[page, position]  # in place, any strides
+        return changed

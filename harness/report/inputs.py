@@ -48,6 +48,7 @@ class ConformanceCase:
     test: str  # the test function's name, without its [parameters]
     outcome: str  # "passed" | "failed" | "unsupported"
     message: str | None = None
+    not_checked: int = 0  # examples an interpreted run's cost budget left out
 
 
 @dataclass
@@ -251,7 +252,10 @@ def _case(path: Path, element: ET.Element, known: set[str]) -> ConformanceCase:
     params = params.removesuffix("]")
     backend = _property(element, "backend") or _backend_of(params, known)
     outcome, message = _outcome(element)
-    return ConformanceCase(backend=backend, test=test, outcome=outcome, message=message)
+    left = _property(element, "not_checked") or "0"
+    if not left.isdigit():
+        raise ReportError(f"{path}: testcase {name!r}: not_checked is {left!r}, not a count")
+    return ConformanceCase(backend, test, outcome, message, int(left))
 
 
 def _backend_of(params: str, known: set[str]) -> str:

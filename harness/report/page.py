@@ -29,7 +29,7 @@ from harness.report.pair_section import pair_html
 from harness.report.stats import AnalysedRun, CaseStats, ceilings, overhead_median_ns
 from harness.report.verdict import (
     PerformanceLine,
-    Verdict,
+    ReportVerdict,
     engine_among,
     shown_cases,
     unsupported_groups,
@@ -121,7 +121,7 @@ def _value(value: object) -> str:
 # -- the verdict ----------------------------------------------------------------------------
 
 
-def _verdict_conformance(verdict: Verdict) -> str:
+def _verdict_conformance(verdict: ReportVerdict) -> str:
     if not verdict.conformance:
         return "<h3>Conformance</h3><p>No conformance run among the inputs.</p>"
     rows = []
@@ -132,10 +132,13 @@ def _verdict_conformance(verdict: Verdict) -> str:
         if line.failures:
             failures = f"{len(line.failures)} failed test(s)"
             links = {7: f"#failure-{line.failures[0] + 1}"}
-        numbers = [line.passed, line.failed, line.unsupported, line.tests, line.examples]
+        numbers = [line.passed, line.failed, line.unsupported, line.tests]
+        examples = str(line.examples)
+        if line.not_checked:
+            examples += f" ({line.not_checked} not checked: over the interpreted budget)"
         rows.append(
             Row(
-                [line.backend, outcome, *map(str, numbers), failures],
+                [line.backend, outcome, *map(str, numbers), examples, failures],
                 "failed" if line.failed else None,
                 frozenset(range(2, 7)),
                 {1: f"verdict-{outcome.lower()}"},
@@ -160,7 +163,7 @@ def _perf_note(line: PerformanceLine) -> str:
     return "; ".join(notes)
 
 
-def _verdict_performance(verdict: Verdict) -> str:
+def _verdict_performance(verdict: ReportVerdict) -> str:
     if not verdict.performance:
         return "<h3>Performance</h3><p>No benchmark results among the inputs.</p>"
     engine = engine_among(verdict)
@@ -193,12 +196,13 @@ def _verdict_performance(verdict: Verdict) -> str:
             else ""
         )
         + " Of ceiling: the share of the binding roofline "
-        "ceiling (memory bandwidth or matmul rate) measured in the same run.</p>"
+        "ceiling (memory bandwidth or matmul rate) measured in the same run; bound: "
+        "the ceiling that binds its timed cases, with counts where they differ.</p>"
     )
     return "<h3>Performance</h3>" + intro + _table(header, rows)
 
 
-def _verdict_by_workload(verdict: Verdict) -> str:
+def _verdict_by_workload(verdict: ReportVerdict) -> str:
     if not verdict.by_workload:
         return ""
     header, cells = workload_grid(verdict.by_workload, verdict.several_runs)
@@ -212,7 +216,7 @@ def _verdict_by_workload(verdict: Verdict) -> str:
     return "<h3>Against the machine, per workload</h3>" + intro + _table(header, rows)
 
 
-def _verdict_flags(verdict: Verdict) -> str:
+def _verdict_flags(verdict: ReportVerdict) -> str:
     flags = verdict.flags
     if not flags:
         return "<h3>Flags (0)</h3><p>No measurement was flagged.</p>"
@@ -230,7 +234,7 @@ def _verdict_flags(verdict: Verdict) -> str:
     return f"<h3>Flags ({len(flags)})</h3>" + intro + _table(header, rows)
 
 
-def _verdict(verdict: Verdict) -> str:
+def _verdict(verdict: ReportVerdict) -> str:
     state = "passed" if verdict.ok else "failed"
     return (
         '<section id="verdict"><h2>Verdict</h2>'
@@ -457,7 +461,7 @@ def render_page(
     inputs: Inputs,
     runs: Sequence[AnalysedRun],
     figures: Sequence[RenderedFigure | SkippedFigure],
-    verdict: Verdict | None = None,
+    verdict: ReportVerdict | None = None,
 ) -> str:
     """The whole ``index.html`` text."""
     verdict = verdict or verdict_of(inputs, runs)

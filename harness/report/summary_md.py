@@ -21,7 +21,7 @@ from harness.bench.table import format_ns
 from harness.report.formats import percent_range, ratio, ratio_range, workload_grid
 from harness.report.stats import AnalysedRun, CaseStats
 from harness.report.verdict import (
-    Verdict,
+    ReportVerdict,
     engine_among,
     shown_cases,
     unsupported_groups,
@@ -55,13 +55,16 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 # -- the verdict ----------------------------------------------------------------------------
 
 
-def _verdict(verdict: Verdict) -> list[str]:
+def _verdict(verdict: ReportVerdict) -> list[str]:
     lines = [f"**{md(verdict.headline())}**", ""]
     if verdict.conformance:
         rows = [
             [
                 md(c.backend),
-                "FAILED" if c.failed else "passed",
+                ("FAILED" if c.failed else "passed")
+                + (
+                    f" ({c.not_checked} examples not checked: over budget)" if c.not_checked else ""
+                ),
                 f"{c.passed}/{c.tests}",
                 str(c.failed),
                 str(c.unsupported),
@@ -100,7 +103,7 @@ def _verdict(verdict: Verdict) -> list[str]:
     return lines
 
 
-def _flags(verdict: Verdict) -> list[str]:
+def _flags(verdict: ReportVerdict) -> list[str]:
     flags = verdict.flags
     if not flags:
         return ["Flags: none (no measurement was flagged)."]
@@ -215,7 +218,7 @@ def _pairs(inputs: Inputs) -> list[str]:
 
 
 def render_summary(
-    title: str, inputs: Inputs, runs: Sequence[AnalysedRun], verdict: Verdict | None = None
+    title: str, inputs: Inputs, runs: Sequence[AnalysedRun], verdict: ReportVerdict | None = None
 ) -> str:
     """The whole ``summary.md`` text."""
     verdict = verdict or verdict_of(inputs, runs)

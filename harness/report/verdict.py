@@ -33,7 +33,7 @@ RUN_FLAG_WORDS = ("flag", "warning")
 
 @dataclass(frozen=True)
 class ConformanceLine:
-    """One backend's conformance tally; ``failures`` are indices into ``Verdict.failures``."""
+    """One backend's conformance tally; ``failures`` are indices into ``ReportVerdict.failures``."""
 
     backend: str  # as shown: the name, with the file when a backend is in several runs
     passed: int
@@ -41,6 +41,7 @@ class ConformanceLine:
     unsupported: int
     examples: int
     failures: tuple[int, ...] = ()
+    not_checked: int = 0  # examples an interpreted run's cost budget left out
 
     @property
     def tests(self) -> int:
@@ -72,7 +73,7 @@ class PerformanceLine:
     ratio: Range | None  # median forward time over the peer's, across timed cases
     ratio_engine: Range | None  # ... over the run's engine peer's (None: no engine peer)
     roofline: Range | None  # share of the binding ceiling, across timed cases
-    bound: str | None  # the ceiling most of its cases are bound by
+    bound: str | None  # the ceilings its cases are bound by, with counts where they differ
     failing: tuple[str, ...] = ()  # "case: STATUS" of each case that did not pass
     unsupported: int = 0
     unsupported_reason: str | None = None  # the most common reason the backend gave
@@ -111,7 +112,7 @@ class Flag:
 
 
 @dataclass(frozen=True)
-class Failure:
+class FailedTest:
     """One failed conformance test, in the order the conformance section lists them."""
 
     backend: str
@@ -120,12 +121,12 @@ class Failure:
 
 
 @dataclass
-class Verdict:
+class ReportVerdict:
     conformance: list[ConformanceLine]
     performance: list[PerformanceLine]
     unsupported: list[Unsupported]
     flags: list[Flag]
-    failures: list[Failure] = field(default_factory=list)
+    failures: list[FailedTest] = field(default_factory=list)
     several_runs: bool = False
     by_workload: list[WorkloadLine] = field(default_factory=list)  # each backend's roofline share
 
@@ -174,15 +175,15 @@ def _plural(n: int, word: str) -> str:
 # -- conformance --------------------------------------------------------------------------
 
 
-def _conformance(runs: Sequence[ConformanceRun]) -> tuple[list[ConformanceLine], list[Failure]]:
+def _conformance(runs: Sequence[ConformanceRun]) -> tuple[list[ConformanceLine], list[FailedTest]]:
     """One line per backend (per run when a backend is in several); failures numbered in
     the order the conformance section lists them: run by run, each run's in file order."""
-    failures: list[Failure] = []
+    failures: list[FailedTest] = []
     numbers: dict[tuple[int, str], list[int]] = {}
     for index, run in enumerate(runs):
         for case in run.failed():
             numbers.setdefault((index, case.backend), []).append(len(failures))
-            failures.append(Failure(case.backend, case.test, case.message or ""))
+            failures.append(FailedTest(case.backend, case.test, case.message or ""))
     columns = list(dict.fromkeys((i, c.backend) for i, run in enumerate(runs) for c in run.cases))
     runs_of = Counter(backend for _, backend in columns)
     lines: list[ConformanceLine] = []
@@ -198,6 +199,7 @@ def _conformance(runs: Sequence[ConformanceRun]) -> tuple[list[ConformanceLine],
                 unsupported=outcomes["unsupported"],
                 examples=sum(run.examples.get(backend, {}).values()),
                 failures=tuple(numbers.get((index, backend), ())),
+                not_checked=sum(c.not_checked for c in run.cases if c.backend == backend),
             )
         )
     return lines, failures
@@ -208,6 +210,16 @@ def _conformance(runs: Sequence[ConformanceRun]) -> tuple[list[ConformanceLine],
 
 def _most_common(values: Sequence[str]) -> str | None:
     return Counter(values).most_common(1)[0][0] if values else None
+
+
+def bound_mix(bounds: Sequence[str]) -> str | None:
+    """``"memory"`` where every case is bound by memory; ``"memory 60, compute 20"`` where
+    they differ: a backend's decode cases outnumber its prefill ones, and the most common
+    bound alone would call its compute-bound cases memory-bound."""
+    counts = Counter(bounds).most_common()
+    if len(counts) <= 1:
+        return counts[0][0] if counts else None
+    return ", ".join(f"{bound} {count}" for bound, count in counts)
 
 
 def _performance(run: AnalysedRun) -> list[PerformanceLine]:
@@ -233,7 +245,7 @@ def _performance(run: AnalysedRun) -> list[PerformanceLine]:
                 ratio=Range.of(ratios),
                 ratio_engine=Range.of(to_engine),
                 roofline=Range.of(fractions),
-                bound=_most_common([s.bound for s in timed if s.bound]),
+                bound=bound_mix([s.bound for s in timed if s.bound]),
                 failing=failing,
                 unsupported=sum(s.case.status == UNSUPPORTED for s in cases),
                 unsupported_reason=_most_common(
@@ -312,10 +324,10 @@ def _flags(run: AnalysedRun) -> list[Flag]:
     return flags
 
 
-def verdict_of(inputs: Inputs, runs: Sequence[AnalysedRun]) -> Verdict:
+def verdict_of(inputs: Inputs, runs: Sequence[AnalysedRun]) -> ReportVerdict:
     """The verdict of everything the report was built from."""
     conformance, failures = _conformance(inputs.conformance)
-    return Verdict(
+    return ReportVerdict(
         conformance=conformance,
         performance=[line for run in runs for line in _performance(run)],
         unsupported=[group for run in runs for group in unsupported_groups(run)],
@@ -326,7 +338,7 @@ def verdict_of(inputs: Inputs, runs: Sequence[AnalysedRun]) -> Verdict:
     )
 
 
-def engine_among(verdict: Verdict) -> str | None:
+def engine_among(verdict: ReportVerdict) -> str | None:
     """The engine peer among the verdict's backends (``harness.bench.engine_peer``), if any."""
     backends = {line.backend for line in verdict.performance}
     return next((e for e in ENGINE_PEERS if e in backends), None)

@@ -27,8 +27,8 @@ import pytest
 import torch
 
 from harness.bench.case_check import (
+    CaseCheck,
     PreparedCase,
-    Verdict,
     check_backend,
     check_output,
     prepare_case,
@@ -170,7 +170,7 @@ class BenchSession:
             cold_cache=self.cold_cache,
         )
 
-    def record(self, case: PreparedCase, backend: str, verdict: Verdict, **kw: Any) -> CaseRecord:
+    def record(self, case: PreparedCase, backend: str, verdict: CaseCheck, **kw: Any) -> CaseRecord:
         return case_record(
             case, backend, verdict.status, error=verdict.error, oracle=verdict.oracle, **kw
         )
@@ -188,7 +188,7 @@ class BenchSession:
                 m = measure(peer, device=self.device, config=config, flusher=self.flusher)
                 forward = TimingRecord.from_measurement(m)
         except Exception as exc:  # reported on the peer's record; ratios are then absent
-            verdict = Verdict("RUNTIME_ERROR", f"peer: {type(exc).__name__}: {exc}")
+            verdict = CaseCheck("RUNTIME_ERROR", f"peer: {type(exc).__name__}: {exc}")
         record = self.record(case, PEER_NAME, verdict, backend_class=PEER_CLASS, forward=forward)
         if record.valid and record.forward is not None:
             record.metrics, flags = case_metrics(case.spec, record.forward, self.ceilings, None)

@@ -29,6 +29,7 @@ from harness.conformance.claim_coverage import claim_summary
 from harness.conformance.cost_budget import scenarios_work
 from harness.conformance.instances import instance_groups
 from harness.conformance.properties import PropertyFailure
+from harness.conformance.run_coverage import junit_properties
 from harness.conformance.step_strategies import (
     far_below_scenarios,
     multi_rank_scenarios,
@@ -85,7 +86,7 @@ def _coverage_in_the_junit_report(
     """After the last test, the coverage tally as the JUnit report's test-suite properties
     (a no-op without ``--junitxml``)."""
     yield
-    for name, value in session(request.config).junit_properties():
+    for name, value in junit_properties(session(request.config)):
         record_testsuite_property(name, value)
 
 

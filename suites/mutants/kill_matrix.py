@@ -42,7 +42,7 @@ def mutant_specs(catalogue: tuple[type, ...] = MUTANTS) -> list[str]:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class SuiteVerdict:
     backend: str
     outcomes: dict[str, str]  # test function -> "failed" | "passed" | "skipped"
     seconds: dict[str, float] = field(default_factory=dict)  # test function -> time it took
@@ -99,7 +99,7 @@ def run_suite(
     workers: int | None = None,
     tests: dict[str, list[str] | str] | None = None,
     extra: tuple[str, ...] = (),
-) -> dict[str, Verdict]:
+) -> dict[str, SuiteVerdict]:
     """Per backend, each test's outcome: ``specs`` split over ``workers`` pytest processes.
 
     ``tests`` narrows each backend to the conformance tests it names (``"*"``:
@@ -151,7 +151,7 @@ def run_suite(
     for tree in trees:
         _read_outcomes(tree, outcomes, seconds)
     return {
-        spec: Verdict(spec, dict(outcomes[spec]), dict(seconds[spec]), triage.get(spec, ()))
+        spec: SuiteVerdict(spec, dict(outcomes[spec]), dict(seconds[spec]), triage.get(spec, ()))
         for spec in specs
     }
 
@@ -190,7 +190,9 @@ def _read_outcomes(
             outcomes[backend][name] = outcome
 
 
-def exclusive_catches(verdicts: dict[str, Verdict], mutants: list[str]) -> dict[str, list[str]]:
+def exclusive_catches(
+    verdicts: dict[str, SuiteVerdict], mutants: list[str]
+) -> dict[str, list[str]]:
     """Per test, the mutants that it and no other test catches."""
     only: dict[str, list[str]] = defaultdict(list)
     for spec in mutants:
@@ -200,7 +202,7 @@ def exclusive_catches(verdicts: dict[str, Verdict], mutants: list[str]) -> dict[
     return only
 
 
-def declared_catchers(verdicts: dict[str, Verdict], mutants: list[str]) -> dict[str, str]:
+def declared_catchers(verdicts: dict[str, SuiteVerdict], mutants: list[str]) -> dict[str, str]:
     """Per mutant, the one test to hold it to: the test that alone catches it, else the
     cheapest of those that catch it (by this run's time). What ``catchers.py`` records."""
     only = exclusive_catches(verdicts, mutants)
@@ -234,7 +236,7 @@ def catchers_module(chosen: dict[str, str], profile: str) -> str:
     return "\n".join(lines)
 
 
-def print_matrix(verdicts: dict[str, Verdict], tests: list[str]) -> None:
+def print_matrix(verdicts: dict[str, SuiteVerdict], tests: list[str]) -> None:
     """Backends down, tests across (numbered, legend below): X caught, . passed, - skipped."""
     width = max(len(_short(v)) for v in verdicts)
     header = " ".join(f"{i:>2}" for i in range(1, len(tests) + 1))
