@@ -62,16 +62,27 @@ AB_TIME_BUDGET_S = "240"  # a backend's paired run opens no round after this (op
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The unit tests (CPU; the triton backend's under Triton's interpreter).
+    """The unit and contract tests, in about two minutes (CPU; triton under its interpreter).
 
-    The browser check's tests need a Chromium on PATH (``apt-get install chromium``);
-    without one they are skipped and say so. The tests run on every core (pytest-xdist's
-    ``-n auto``, tests that share a costly fixture on one worker; torch runs one
-    thread in each worker); arguments after ``--`` replace that, e.g.
-    ``nox -s tests -- tests/test_gate.py -x``.
+    The tests that run real processes or the whole suite (marked ``integration``:
+    planted bugs, ``conform``, the main job, gloo, the browser) are
+    ``nox -s integration``; CI runs both. The browser check's tests need a
+    Chromium on PATH (``apt-get install chromium``); without one they are skipped
+    and say so. The tests run on every core (pytest-xdist's ``-n auto``, tests that
+    share a costly fixture on one worker; torch runs one thread in each worker);
+    arguments after ``--`` replace that, e.g. ``nox -s tests -- tests/test_gate.py -x``.
     """
     session.install(*CONSTRAINTS, "-e", ".[test,triton,browser]")
-    session.run("pytest", *(session.posargs or ["-n", "auto", "--dist", "loadgroup"]))
+    default = ["-m", "not integration", "-n", "auto", "--dist", "loadgroup"]
+    session.run("pytest", *(session.posargs or default))
+
+
+@nox.session
+def integration(session: nox.Session) -> None:
+    """The tests marked ``integration``: real processes and the whole suite, minutes each."""
+    session.install(*CONSTRAINTS, "-e", ".[test,triton,browser]")
+    default = ["-m", "integration", "-n", "auto", "--dist", "loadgroup"]
+    session.run("pytest", *(session.posargs or default))
 
 
 @nox.session
@@ -308,8 +319,9 @@ def checks(session: nox.Session) -> None:
 
 @nox.session
 def ci(session: nox.Session) -> None:
-    """What CI runs, in order: the tests, the engines' kernels, the paired gate, the checks."""
-    for name in ("tests", "engines", "ab", "checks"):
+    """What CI runs, in order: the tests, the integration tests, the engines' kernels, the
+    paired gate, the checks."""
+    for name in ("tests", "integration", "engines", "ab", "checks"):
         session.notify(name)
 
 

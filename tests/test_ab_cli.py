@@ -34,7 +34,10 @@ would make every round a fight for it (rounds then scatter by 3x). Not pinned: t
 scheduler keeps the timing side off the core the other worker's test holds (pinning
 is checked on its own below)."""
 
-pytestmark = pytest.mark.xdist_group("ab")  # both sides time: keep these off each other
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.xdist_group("ab"),
+]  # both sides time: keep these off each other
 
 
 def test_a_planted_2x_slowdown_fails_with_every_round_recorded(

@@ -24,6 +24,8 @@ from harness.report.browser_check import (
     summary,
 )
 
+pytestmark = pytest.mark.integration  # real processes: `nox -s integration`
+
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -24,6 +24,8 @@ from harness.conformance.runner import (
     wants_pytest_output,
 )
 
+pytestmark = pytest.mark.integration  # real processes: `nox -s integration`
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = "tests/fixtures/conform_backends.py"
 

@@ -24,6 +24,8 @@ from harness.conformance.workers import (
 )
 from harness.numerics.scenario import Scenario
 
+pytestmark = pytest.mark.integration  # real processes: `nox -s integration`
+
 FIXTURES = "tests/fixtures/conform_backends.py"
 
 

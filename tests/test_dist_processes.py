@@ -20,6 +20,8 @@ import pytest
 
 from harness.cli.main import main
 
+pytestmark = pytest.mark.integration  # real processes: `nox -s integration`
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -28,6 +28,8 @@ from harness.gpu.check import StepResult, main
 from harness.results.store import load_results, save_results
 from reference_backends import SdpaBackend
 
+pytestmark = pytest.mark.integration  # real processes: `nox -s integration`
+
 SMALL = {"num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "page_size": 4}
 DECODE = (
     CaseSpec("decode a", (9, 5), (1, 1), seed=1, **SMALL),

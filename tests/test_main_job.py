@@ -33,6 +33,8 @@ from harness.core.threads import timing_threads
 from harness.results.store import load_results, save_results
 from reference_backends.reference import ReferenceBackend
 
+pytestmark = pytest.mark.integration  # real processes: `nox -s integration`
+
 # Fails every property at its first example (it refuses the valid steps it claims), so
 # the job's failure path runs in seconds; a wrong answer failing conformance is
 # tests/test_conform.py's and tests/test_mutants.py's.

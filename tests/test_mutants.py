@@ -20,7 +20,10 @@ from suites.mutants.catchers import CAUGHT_BY
 from suites.mutants.dimensions import EXPECTED, triage_rate
 from suites.mutants.kill_matrix import BUILTINS, SUBSUMED, SuiteVerdict, mutant_specs, run_suite
 
-pytestmark = pytest.mark.xdist_group("kill-matrix")  # one worker computes the shared fixture
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.xdist_group("kill-matrix"),
+]  # one worker computes the shared fixture
 
 SUITE = Path(__file__).resolve().parents[1] / "suites" / "conformance"
 LOOPHOLES = {
