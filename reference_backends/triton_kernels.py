@@ -35,19 +35,31 @@ import triton.language as tl
 
 
 @triton.jit
-def _token_pages(table, pos, valid, page_size):
-    """Each key position's page (through the row's block table) and row inside it."""
-    page = tl.load(table + pos // page_size, mask=valid, other=0).to(tl.int64)
-    return page, (pos % page_size).to(tl.int64)
-
-
-@triton.jit
 def _load_token_rows(
     ptr, page, in_page, head, stride_p, stride_s, stride_h, stride_d, offs_d, mask
 ):
     """``[BLOCK_N, BLOCK_D]`` rows of one cache tensor and head; 0 where masked (never read)."""
     rows = (page * stride_p + in_page * stride_s + head * stride_h)[:, None]
     return tl.load(ptr + rows + offs_d[None, :] * stride_d, mask=mask, other=0.0)
+
+
+@triton.jit
+def _load_kv_tile(
+    k_ptr, v_ptr, table, pos, valid, page_size, kv_head, offs_d, mask_d,
+    stride_kp, stride_ks, stride_kh, stride_kd, stride_vp, stride_vs, stride_vh, stride_vd,
+):  # fmt: skip
+    """The key and value rows of positions ``pos`` of one KV head, each position's page
+    found through the row's block table (``table``); 0 where masked (never read)."""
+    page = tl.load(table + pos // page_size, mask=valid, other=0).to(tl.int64)
+    in_page = (pos % page_size).to(tl.int64)
+    mask = valid[:, None] & mask_d[None, :]
+    k = _load_token_rows(
+        k_ptr, page, in_page, kv_head, stride_kp, stride_ks, stride_kh, stride_kd, offs_d, mask
+    )
+    v = _load_token_rows(
+        v_ptr, page, in_page, kv_head, stride_vp, stride_vs, stride_vh, stride_vd, offs_d, mask
+    )
+    return k, v
 
 
 @triton.jit
@@ -198,15 +210,9 @@ def decode_split_kernel(
     for n0 in range(first_key, end, BLOCK_N):
         pos = n0 + offs_n
         valid = pos < end
-        page, in_page = _token_pages(table, pos, valid, page_size)
-        load_mask = valid[:, None] & mask_d[None, :]
-        k = _load_token_rows(
-            k_ptr, page, in_page, kv_head, stride_kp, stride_ks, stride_kh, stride_kd, offs_d,
-            load_mask,
-        )  # fmt: skip
-        v = _load_token_rows(
-            v_ptr, page, in_page, kv_head, stride_vp, stride_vs, stride_vh, stride_vd, offs_d,
-            load_mask,
+        k, v = _load_kv_tile(
+            k_ptr, v_ptr, table, pos, valid, page_size, kv_head, offs_d, mask_d,
+            stride_kp, stride_ks, stride_kh, stride_kd, stride_vp, stride_vs, stride_vh, stride_vd,
         )  # fmt: skip
         bias = slopes[:, None] * (pos - (seq_len - 1)).to(tl.float32)[None, :]
         m_i, l_i, acc = _attend_tile(
@@ -378,15 +384,9 @@ def prefill_kernel(
     for n0 in range(key_start, key_end, BLOCK_N):
         pos = n0 + offs_n
         valid = pos < key_end
-        page, in_page = _token_pages(table, pos, valid, page_size)
-        load_mask = valid[:, None] & mask_d[None, :]
-        k = _load_token_rows(
-            k_ptr, page, in_page, kv_head, stride_kp, stride_ks, stride_kh, stride_kd, offs_d,
-            load_mask,
-        )  # fmt: skip
-        v = _load_token_rows(
-            v_ptr, page, in_page, kv_head, stride_vp, stride_vs, stride_vh, stride_vd, offs_d,
-            load_mask,
+        k, v = _load_kv_tile(
+            k_ptr, v_ptr, table, pos, valid, page_size, kv_head, offs_d, mask_d,
+            stride_kp, stride_ks, stride_kh, stride_kd, stride_vp, stride_vs, stride_vh, stride_vd,
         )  # fmt: skip
         keep = valid[None, :] & (pos[None, :] > q_pos[:, None] - window)
         if CAUSAL:

@@ -257,3 +257,58 @@ def test_the_plugin_keeps_no_module_level_mutable_state(tmp_path):
     probe = tmp_path / "probe.py"  # the detector finds what it is meant to find
     probe.write_text("A = 1\n_STATE: dict[str, int] = {}\nB = [x for x in ()]\n__all__ = ['A']\n")
     assert _module_level_mutables(probe) == ["_STATE", "B"]
+
+
+REPEAT_LINES = 6
+"""No run of this many code lines stands twice in the product (library, built-ins, plugin)."""
+PRODUCT = [
+    *PACKAGE.rglob("*.py"),
+    *(ROOT / "reference_backends").rglob("*.py"),
+    ROOT / "attn_harness_pytest.py",
+]
+_LIST_ITEM = re.compile(r"^\*{0,2}[A-Za-z_][\w.]*(\s*:\s*[^=]+?)?(\s*=\s*.+?)?,$")
+"""One parameter, argument or imported name on its own line (``name: type = default,``):
+the contract's constructor signature and keyword calls repeat by design, not by copying."""
+
+
+def _code_lines(path: Path) -> list[tuple[int, str]]:
+    """Each line that carries code, white space folded: no blank, comment, import, lone
+    punctuation or list item."""
+    kept = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        text = " ".join(line.split())
+        skipped = text.startswith(("#", "import ", "from ")) or not re.search(r"\w", text)
+        if not skipped and not _LIST_ITEM.match(text):
+            kept.append((number, text))
+    return kept
+
+
+def repeated_runs(paths: list[Path], root: Path = ROOT, size: int = REPEAT_LINES) -> list[str]:
+    """``a.py:10 ~ b.py:40`` for every run of ``size`` code lines that stands twice."""
+    first: dict[tuple[str, ...], str] = {}
+    found = []
+    for path in paths:
+        lines = _code_lines(path)
+        for start in range(len(lines) - size + 1):
+            run = tuple(text for _, text in lines[start : start + size])
+            place = f"{path.relative_to(root)}:{lines[start][0]}"
+            if run in first:
+                found.append(f"{first[run]} ~ {place}")
+            else:
+                first[run] = place
+    return found
+
+
+def test_no_run_of_six_code_lines_stands_twice_in_the_product():
+    repeats = repeated_runs(PRODUCT)
+    assert not repeats, f"the same {REPEAT_LINES} lines in two places (share them): {repeats}"
+
+
+def test_the_repeat_check_sees_a_copied_block_and_not_a_signature(tmp_path):
+    body = "".join(f"    total = total * {i} + step({i})\n" for i in range(6))
+    signature = "".join(f"    name_{i}: int = {i},\n" for i in range(8))
+    first = tmp_path / "first.py"
+    second = tmp_path / "second.py"
+    first.write_text(f"def f(\n{signature}):\n{body}")
+    second.write_text(f"def g(\n{signature}):\n    # copied\n\n{body}")
+    assert repeated_runs([first, second], root=tmp_path) == ["first.py:11 ~ second.py:13"]

@@ -184,7 +184,6 @@ def cmd_gate(args: argparse.Namespace) -> int:
     from harness.core.atomic_file import unwritable_reason
     from harness.gate.baseline import BaselineError, load_baseline
     from harness.gate.device_class import device_class
-    from harness.gate.junit import write_gate_junit
     from harness.gate.verdicts import judge
     from harness.report.inputs import ReportError, load_inputs
 
@@ -253,12 +252,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     )
     for note in report.notes:
         say(note)
-    for line in _table(report, args.verbose, width):
-        print(line)
-    for failure in failures:
-        say(f"FAIL conformance: {failure}")
-    if args.junitxml:
-        write_gate_junit(report, args.junitxml)
+    _table_and_failures(report, failures, args, width)
     say(_closing(report))
     return EXIT_FAILED if report.failed else EXIT_OK
 
@@ -272,24 +266,34 @@ def _printer(width: int) -> Any:
     return say
 
 
+def _table_and_failures(
+    report: Any, failures: list[str], args: argparse.Namespace, width: int
+) -> None:
+    """The cases' table, each conformance failure, and the JUnit file when one was asked for."""
+    from harness.gate.junit import write_gate_junit
+
+    for line in _table(report, args.verbose, width):
+        print(line)
+    say = _printer(width)
+    for failure in failures:
+        say(f"FAIL conformance: {failure}")
+    if args.junitxml:
+        write_gate_junit(report, args.junitxml)
+
+
 def _statuses_only(runs: list[Any], inputs: Any, args: argparse.Namespace) -> int:
     """The gate without a baseline: failing statuses and conformance failures only."""
-    from harness.gate.junit import write_gate_junit
     from harness.gate.verdicts import status_failures
 
     failures = _conformance_failures(inputs)
     report = status_failures(runs, args.threshold)
     report.conformance_failures = failures
     width = terminal_width()
-    say = _printer(width)
-    for line in _table(report, args.verbose, width):
-        print(line)
-    for failure in failures:
-        say(f"FAIL conformance: {failure}")
-    if args.junitxml:
-        write_gate_junit(report, args.junitxml)
+    _table_and_failures(report, failures, args, width)
     verdict = "FAILED" if report.failed else "PASSED"
-    say(f"attn-harness gate: {verdict} (statuses and conformance only, no performance baseline)")
+    _printer(width)(
+        f"attn-harness gate: {verdict} (statuses and conformance only, no performance baseline)"
+    )
     return EXIT_FAILED if report.failed else EXIT_OK
 
 
