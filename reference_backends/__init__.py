@@ -3,8 +3,10 @@
 ``sglang-triton``, ``vllm-triton`` and ``vllm-cpu`` are engines' kernels behind
 adapters: each claims a device only where its engine is installed.
 
-The registry reads this mapping on first use; importing this package does
-not touch any registry.
+The registry loads them as the ``attn_harness.backends`` entry points that
+``pyproject.toml`` declares (the library never imports this package); this
+mapping names the same classes for code that imports them, and importing
+this package touches no registry.
 """
 
 from __future__ import annotations

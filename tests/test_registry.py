@@ -159,6 +159,30 @@ def test_builtins_have_builtin_origin_and_are_dp_aware() -> None:
         assert entry.accepts_dp
 
 
+def test_installed_builtins_come_from_the_distributions_entry_points(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Installed, the built-ins are the attn-harness distribution's entry points: no other."""
+    _fake_entry_points(
+        monkeypatch,
+        FakeEntryPoint("ext", ExplicitDP, dist="ext-dist"),
+        FakeEntryPoint("sdpa", SdpaBackend, dist=registry.DISTRIBUTION),
+    )
+    reg = BackendRegistry()
+    assert reg.names() == ["ext", "sdpa"]
+    assert reg.entry("sdpa").origin == "built-in"
+
+
+def test_a_source_tree_reads_its_builtins_from_pyproject() -> None:
+    """Without installed metadata (the autouse fixture yields none) the table in
+    pyproject.toml declares the built-ins: the same names and classes as the package's."""
+    from reference_backends import BUILTIN_BACKENDS
+
+    reg = BackendRegistry()
+    assert {e.name: e.cls for e in reg.entries()} == BUILTIN_BACKENDS
+    assert {e.origin for e in reg.entries()} == {"built-in"}
+
+
 def test_entries_follow_sorted_names() -> None:
     reg = BackendRegistry()
     reg.register("aaa", ExplicitDP)

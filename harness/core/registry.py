@@ -20,10 +20,11 @@ import importlib
 import importlib.util
 import inspect
 import sys
+import tomllib
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +173,35 @@ def accepts_dp(cls: type) -> bool:
     return {"dp_size", "dp_rank"} <= names or any(p.kind is p.VAR_KEYWORD for p in params)
 
 
+DISTRIBUTION = "attn-harness"
+"""The distribution whose entry points are the built-ins."""
+
+
+def backend_entry_points() -> list[tuple[EntryPoint, str]]:
+    """Every backend entry point with its distribution's name, the built-ins first.
+
+    A source tree run without being installed (the GPU machine's copy of a
+    checkout) has no metadata: its built-ins are read from the same table in
+    its ``pyproject.toml``, so one table declares them either way.
+    """
+    found = [
+        (ep, ep.dist.name if ep.dist is not None else "unknown")
+        for ep in entry_points(group=ENTRY_POINT_GROUP)
+    ]
+    if not any(dist == DISTRIBUTION for _, dist in found):
+        found += [(ep, DISTRIBUTION) for ep in _source_tree_entry_points()]
+    return sorted(found, key=lambda pair: pair[1] != DISTRIBUTION)
+
+
+def _source_tree_entry_points() -> list[EntryPoint]:
+    """The built-ins' entry points from ``pyproject.toml`` beside this package, if any."""
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    if not pyproject.is_file():
+        return []
+    table = tomllib.loads(pyproject.read_text())["project"]["entry-points"][ENTRY_POINT_GROUP]
+    return [EntryPoint(name, value, ENTRY_POINT_GROUP) for name, value in table.items()]
+
+
 class BackendRegistry:
     """Name -> backend class, with origins; built-ins and entry points load lazily."""
 
@@ -246,20 +276,16 @@ class BackendRegistry:
         if self._loaded:
             return
         self._loaded = True
-        from reference_backends import BUILTIN_BACKENDS
-
-        for name, cls in BUILTIN_BACKENDS.items():
-            self._entries.setdefault(name, BackendEntry(name, check_backend_class(cls), "built-in"))
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
-            dist = ep.dist.name if ep.dist is not None else "unknown"
+        for ep, dist in backend_entry_points():
+            origin = "built-in" if dist == DISTRIBUTION else f"entry point ({dist})"
             try:
                 cls = check_backend_class(ep.load())
                 capabilities_of(cls)
             except Exception as exc:  # a broken plugin must not break the registry
                 self.load_errors[ep.name] = f"{type(exc).__name__}: {exc}"
                 warnings.warn(
-                    f"attn_harness.backends entry point {ep.name!r} ({dist}) failed to load: {exc}",
-                    stacklevel=2,
+                    f"{ENTRY_POINT_GROUP} entry point {ep.name!r} ({dist}) failed to load: {exc}",
+                    stacklevel=3,
                 )
                 continue
             if ep.name in self._entries and self._entries[ep.name].cls is not cls:
@@ -267,7 +293,7 @@ class BackendRegistry:
                     f"entry point from {dist} clashes with {self._entries[ep.name].origin} backend"
                 )
                 continue
-            self._entries[ep.name] = BackendEntry(ep.name, cls, f"entry point ({dist})")
+            self._entries[ep.name] = BackendEntry(ep.name, cls, origin)
 
 
 def load_backend_spec(spec: str) -> type:
