@@ -124,9 +124,9 @@ def kernels(device: torch.device) -> ModuleType:
             "TRITON_INTERPRET=1 is set, so Triton would interpret the kernels on the host: "
             "unset it to run the triton backend on CUDA"
         )
-    from reference_backends import triton_kernels
+    import reference_backends.triton_kernels
 
-    return triton_kernels
+    return reference_backends.triton_kernels
 
 
 class TritonBackend(PagedBackendBase):

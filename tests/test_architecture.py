@@ -1,10 +1,14 @@
 """The layout is the architecture: one package per subsystem, dependencies pointing down.
 
-Reads every module under ``harness/`` with ``ast`` (imports inside functions
-count; imports under ``if TYPE_CHECKING:`` do not, since they never run) and
-fails on an import cycle between modules, an import from a lower layer into
-a higher one, a library module importing the CLI, or a top level that grows
-past its entry modules. ``docs/architecture.md`` draws the same layers.
+Reads every module of the project with ``ast``: the library (``harness/``),
+the built-ins (``reference_backends/``), the suites (``suites/``) and the
+pytest plugin (``attn_harness_pytest``). Imports inside functions count;
+imports under ``if TYPE_CHECKING:`` do not, since they never run. Fails on
+an import cycle anywhere, an import from a lower layer of the library into
+a higher one, a library module importing anything outside the library, a
+package outside it importing more than its row of ``OUTSIDE_THE_LIBRARY``
+allows, or a top level that grows past its entry modules.
+``docs/architecture.md`` draws the same layers.
 """
 
 from __future__ import annotations
@@ -65,13 +69,47 @@ def _type_checking_block(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
-def _from_harness(node: ast.ImportFrom) -> bool:
-    module = node.module or ""
-    return node.level == 0 and (module == "harness" or module.startswith("harness."))
+PROJECT = ("harness", "reference_backends", "suites", "attn_harness_pytest")
+"""The project's top-level names: imports of anything else (torch, pytest) are not followed."""
+
+OUTSIDE_THE_LIBRARY = {
+    "reference_backends": {"harness.core", "reference_backends"},
+    "attn_harness_pytest": {"harness.core", "harness.numerics", "harness.conformance"},
+    "suites.conformance": {
+        "harness.core",
+        "harness.numerics",
+        "harness.conformance",
+        "attn_harness_pytest",
+        "suites.conformance",
+    },
+    "suites.benchmarks": {
+        "harness.core",
+        "harness.numerics",
+        "harness.results",
+        "harness.bench",
+        "suites.benchmarks",
+    },
+    "suites.mutants": {
+        "harness.core",
+        "harness.numerics",
+        "harness.conformance",
+        "reference_backends",
+        "suites.mutants",
+    },
+    "suites": set(),
+}
+"""What each package above the library may import. The built-ins are backends like any
+other: they see the contract (``harness.core``) only. The library imports none of these: it
+finds the suite's files (``harness.conformance.runner.suite_root``) and loads the built-ins
+as entry points, by name."""
+
+
+def _in_project(module: str) -> bool:
+    return module.split(".")[0] in PROJECT
 
 
 def runtime_imports(path: Path) -> set[str]:
-    """Every ``harness`` module this file imports at run time, at any depth."""
+    """Every project module this file imports at run time, at any depth."""
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
@@ -81,8 +119,8 @@ def runtime_imports(path: Path) -> set[str]:
                     visit(orelse)
                 continue
             if isinstance(child, ast.Import):
-                found.update(a.name for a in child.names if a.name.startswith("harness"))
-            elif isinstance(child, ast.ImportFrom) and _from_harness(child):
+                found.update(a.name for a in child.names if _in_project(a.name))
+            elif isinstance(child, ast.ImportFrom) and _in_project(child.module or ""):
                 found.add(str(child.module))
                 found.update(f"{child.module}.{a.name}" for a in child.names)
             visit(child)
@@ -91,13 +129,45 @@ def runtime_imports(path: Path) -> set[str]:
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
-    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+def import_graph(sources: list[Path] | None = None) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (all of ``SOURCES`` by default)."""
+    modules = {module_name(p): p for p in (SOURCES if sources is None else sources)}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         # ``from harness.x import name`` names a module only when that module exists
         graph[name] = {m for m in runtime_imports(path) if m in modules and m != name}
     return graph
+
+
+def library_graph() -> dict[str, set[str]]:
+    """The import graph of ``harness/`` alone."""
+    return import_graph(list(PACKAGE.rglob("*.py")))
+
+
+def package_of(module: str) -> str:
+    """``harness.core``, ``suites.mutants``, ``reference_backends``: the unit the rules name."""
+    parts = module.split(".")
+    if parts[0] == "harness":
+        return ".".join(parts[:2]) if subsystem(module) is not None else "harness"
+    if parts[0] == "suites" and len(parts) > 1:
+        return ".".join(parts[:2])
+    return parts[0]
+
+
+def imports_across_the_library_edge(graph: dict[str, set[str]]) -> list[str]:
+    """``a -> b`` for a library module importing outside the library, or a package above it
+    importing what its row of ``OUTSIDE_THE_LIBRARY`` does not allow."""
+    wrong = []
+    for source, targets in sorted(graph.items()):
+        here = package_of(source)
+        for target in sorted(targets):
+            there = package_of(target)
+            if source.startswith("harness"):
+                if not target.startswith("harness"):
+                    wrong.append(f"{source} -> {target} (the library imports outside itself)")
+            elif there not in OUTSIDE_THE_LIBRARY.get(here, set()):
+                wrong.append(f"{source} -> {target} ({here} may not import {there})")
+    return wrong
 
 
 def subsystem(module: str) -> str | None:
@@ -158,21 +228,18 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
     return wrong
 
 
-def test_no_import_cycle():
+def test_no_import_cycle_anywhere_in_the_project():
     assert cycles(import_graph()) == []
 
 
 def test_dependencies_point_down_and_nothing_imports_the_cli():
-    assert upward_imports(import_graph()) == []
+    assert upward_imports(library_graph()) == []
 
 
-def test_the_plugin_entry_point_is_above_the_library():
+def test_every_package_imports_only_what_its_layer_allows():
     graph = import_graph()
-    plugin = runtime_imports(ROOT / "attn_harness_pytest.py")
-    assert all(subsystem(m) in (None, "core", "conformance", "numerics") for m in plugin)
-    assert not any("attn_harness_pytest" in m for targets in graph.values() for m in targets)
-    for path in PACKAGE.rglob("*.py"):
-        assert "from attn_harness_pytest import" not in path.read_text(), path
+    assert {package_of(m) for m in graph if not m.startswith("harness")} == set(OUTSIDE_THE_LIBRARY)
+    assert imports_across_the_library_edge(graph) == []
 
 
 def test_every_module_belongs_to_a_known_subsystem_or_is_an_entry_module():
@@ -210,6 +277,16 @@ def test_the_checks_see_a_planted_cycle_and_an_upward_import():
     assert upward_imports(graph) == [
         "harness.bench.c -> harness.cli.main (layer 2 -> 4)",
         "harness.core.a -> harness.numerics.b (layer 0 -> 1)",
+    ]
+    beyond = {
+        "harness.core.registry": {"reference_backends.sdpa"},
+        "reference_backends.sdpa": {"harness.conformance.runner", "harness.core.contract"},
+        "suites.mutants.kill_matrix": {"harness.conformance.runner"},
+    }
+    assert imports_across_the_library_edge(beyond) == [
+        "harness.core.registry -> reference_backends.sdpa (the library imports outside itself)",
+        "reference_backends.sdpa -> harness.conformance.runner "
+        "(reference_backends may not import harness.conformance)",
     ]
 
 

@@ -7,8 +7,9 @@ Each function reads a :class:`~harness.conformance.session.ConformanceSession`.
 
 from __future__ import annotations
 
-import pkgutil
 from typing import TYPE_CHECKING, Any
+
+from harness.conformance.runner import suite_modules
 
 if TYPE_CHECKING:
     from harness.conformance.session import ConformanceSession
@@ -37,14 +38,7 @@ def promised(run: ConformanceSession, entry: Any) -> list[Any]:
 
 def whole_suite_ran(run: ConformanceSession, name: str) -> bool:
     """Every conformance module ran for this backend and nothing was deselected."""
-    import suites.conformance as package
-
-    expected = {
-        f"{package.__name__}.{m.name}"
-        for m in pkgutil.iter_modules(package.__path__)
-        if m.name.startswith("test_")
-    }
-    return not run.deselected and expected <= run.modules.get(name, set())
+    return not run.deselected and suite_modules() <= run.modules.get(name, set())
 
 
 def wanted(run: ConformanceSession) -> dict[str, list[Any]]:

@@ -16,6 +16,7 @@ interrupted (no report file is left behind). How the verdict is reached:
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -29,10 +30,20 @@ _ISOLATED_ENV = ("PYTEST_ADDOPTS", "PYTEST_PLUGINS")
 
 
 def suite_root() -> Path:
-    """The folder holding the ``suites`` package: the run's rootdir (checkout or site-packages)."""
-    import suites
+    """The folder holding the ``suites`` package: the run's rootdir (checkout or site-packages).
 
-    return Path(suites.__file__).resolve().parent.parent
+    Found, not imported: the library runs the suite's files and uses none of its code.
+    """
+    spec = importlib.util.find_spec("suites")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the conformance suite (the package `suites`) is not installed")
+    return Path(next(iter(spec.submodule_search_locations))).resolve().parent
+
+
+def suite_modules() -> set[str]:
+    """Every test module of ``suites.conformance``, by its dotted name."""
+    folder = suite_root() / "suites" / "conformance"
+    return {f"suites.conformance.{path.stem}" for path in folder.glob("test_*.py")}
 
 
 def wants_pytest_output(extra: Sequence[str]) -> bool:
