@@ -23,6 +23,7 @@ class ConformanceOptions:
     time_limit: float | None = None  # --example-time-limit, seconds
     examples: int | None = None  # --examples: per property test, instead of the profile's
     interpreted_budget: float | None = None  # --interpreted-budget: seconds for the run
+    max_shrinks: int | None = None  # --max-shrinks: shrinking asked for, even under kill
     specs: tuple[str, ...] = ()  # --backend (empty: every registered backend on the device)
     replay: str | None = None  # --replay TEST[@VERSION:BLOB]
     cli: bool = False  # run by `attn-harness conform`: replay commands name that command
@@ -44,6 +45,7 @@ class ConformanceOptions:
             time_limit=options.example_time_limit,
             examples=options.examples,
             interpreted_budget=getattr(options, "interpreted_budget", None),
+            max_shrinks=getattr(options, "max_shrinks", None),
             specs=tuple(getattr(options, "backend", None) or ()),
             replay=getattr(options, "replay", None),
             cli=bool(getattr(options, "conformance_cli", False)),
@@ -125,7 +127,8 @@ def add_options(group: Any) -> None:
         metavar="N",
         help="stop shrinking a failure after N smaller failing examples (default: "
         "hypothesis's, 500): a budget that does not depend on the machine's speed, so a run "
-        "that keeps the time limit out of reach shrinks alike on a busy and a quiet machine",
+        "that keeps the time limit out of reach shrinks alike on a busy and a quiet machine; "
+        "under the kill profile, which does not shrink, it turns shrinking on",
     )
     group.addoption(
         "--replay",

@@ -63,6 +63,13 @@ class Profile:
             enforces_coverage=self.enforces_coverage and examples >= default,
         )
 
+    def shrinking(self) -> Profile:
+        """The profile with hypothesis's shrink phase: ``--max-shrinks`` asks for shrinks,
+        which the ``kill`` profile otherwise leaves out. Which examples fail does not change
+        (shrinking starts after the first failure), only how small the reported one is."""
+        phases = tuple(p for p in Phase if p in self.settings.phases or p is Phase.shrink)
+        return replace(self, settings=settings(self.settings, phases=phases))
+
     def interpreted(self) -> Profile:
         """The profile for a backend that runs interpreted on the chosen device.
 

@@ -107,6 +107,8 @@ class ConformanceSession:
             profile = profile.with_examples(self.options.examples)
         if self.options.interpreted_budget is not None:
             profile = replace(profile, interpreted_budget_s=self.options.interpreted_budget)
+        if self.options.max_shrinks is not None:
+            profile = profile.shrinking()
         return profile
 
     def default_examples(self) -> int:
