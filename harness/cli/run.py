@@ -98,6 +98,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         interpret_triton_here()  # before a backend module is imported for its capabilities
     # every value is checked before the out folder is made or any worker starts
+    from harness.report import unavailable_reason
+
+    missing = unavailable_reason()
+    if missing is not None:
+        raise UsageError(f"the main job ends in a report: {missing}")
     workloads(args.workload)
     entries, left_out = _backends(args.backend, args.device)
     say = printer(sys.stdout)

@@ -11,6 +11,7 @@ backend's log for its own progress line (pattern: ``N/M tests done``).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import threading
@@ -183,5 +184,9 @@ def progress_display(
 ) -> Any:
     """The live line on a terminal; plain periodic lines when ``quiet`` (no terminal, CI),
     fitted to ``width`` when one is asked for. ``per_test=False`` (tests spread over
-    workers, which report examples only when a test ends): the run's examples so far."""
-    return PlainProgress(who, every_s, width=width) if quiet else LiveLine(per_test)
+    workers, which report examples only when a test ends): the run's examples so far.
+    Without rich (an optional dependency, ``attn-harness[live]``) a terminal gets the
+    plain lines too."""
+    if quiet or importlib.util.find_spec("rich") is None:  # rich is optional: plain lines
+        return PlainProgress(who, every_s, width=width)
+    return LiveLine(per_test)

@@ -12,6 +12,7 @@ importing this package (as the command-line parser does) stays cheap.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -21,12 +22,22 @@ from pathlib import Path
 from harness.core.atomic_file import unwritable_reason
 from harness.report.inputs import ReportError
 
-__all__ = ["ReportError", "build_report"]
+__all__ = ["ReportError", "build_report", "unavailable_reason"]
 
 DEFAULT_TITLE = "attn-harness report"
 # what a report folder may hold and still be replaced: the report, and the screenshot
 # `python -m harness.report.browser_check` leaves beside it
 REPORT_ENTRIES = frozenset({"index.html", "summary.md", "figures", "screenshot.png"})
+
+
+def unavailable_reason() -> str | None:
+    """Why no report can be drawn here (matplotlib, an optional dependency, is missing)."""
+    if importlib.util.find_spec("matplotlib") is None:
+        return (
+            "the report's figures need matplotlib, which is not installed: "
+            "python -m pip install 'attn-harness[report]'"
+        )
+    return None
 
 
 def _render(paths: Sequence[str | Path], title: str) -> dict[str, bytes]:
@@ -115,6 +126,9 @@ def build_report(
     ``ReportError`` when an input cannot be used or ``out_dir`` cannot be
     written; ``out_dir`` is then as it was before.
     """
+    missing = unavailable_reason()
+    if missing is not None:
+        raise ReportError(missing)
     out = Path(out_dir)
     parent = _parent(out)
     _check_target(out)

@@ -5,7 +5,7 @@
 It prints the matrix (mutants down, tests across), then for each test the
 mutants only it catches, or a note naming the test that subsumes it.
 
-One pytest process checks all mutants and the built-ins; the JUnit report
+One pytest run, spread over the cores, checks all mutants and the built-ins; the JUnit report
 (each test case carries its backend as a property) gives, per backend, the
 tests that failed. A mutant no test fails is a survivor, a gap in the suite.
 The threshold mutants (``suites.mutants.thresholds``) are wrong only past a
@@ -100,56 +100,46 @@ def run_suite(
     tests: dict[str, list[str] | str] | None = None,
     extra: tuple[str, ...] = (),
 ) -> dict[str, SuiteVerdict]:
-    """Per backend, each test's outcome: ``specs`` split over ``workers`` pytest processes.
+    """Per backend, each test's outcome: one pytest run of ``specs`` over ``workers``
+    pytest-xdist processes.
 
     ``tests`` narrows each backend to the conformance tests it names (``"*"``:
     all; see ``suites.mutants.selection``); without it every backend runs the
     whole suite.
 
     Each backend's draws depend only on the test and the backend's claim
-    (derandomized profiles), not on which backends share a process, so the
-    split changes the wall time, not the verdicts. ``workers`` defaults to
-    the usable cores (the suite runs torch on one thread per process).
-    ``extra`` goes to pytest (``--shrink-time-limit 5``, ``--examples 20``).
+    (derandomized profiles), not on which process runs it, so the workers
+    change the wall time, not the verdicts; an idle worker takes tests from a
+    busy one's queue, so one costly bug does not hold the run up. ``workers``
+    defaults to the usable cores (the suite runs torch on one thread per
+    process). ``extra`` goes to pytest (``--max-shrinks 40``, ``--examples 20``).
     """
     count = max(1, min(workers or len(os.sched_getaffinity(0)), len(specs)))
-    chunks = [specs[i::count] for i in range(count)]
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # as `conform` runs it
     with tempfile.TemporaryDirectory() as tmp:
-        reports = [Path(tmp) / f"junit-{i}.xml" for i in range(count)]
+        report = Path(tmp) / "junit.xml"
         narrowing: list[str] = []
         if tests is not None:
             selection = Path(tmp) / "backend-tests.json"
             selection.write_text(json.dumps({spec: tests[spec] for spec in specs}))
             narrowing = ["-p", "suites.mutants.selection", "--backend-tests", str(selection)]
-        runs = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "pytest",
-                    "-q",
-                    *narrowing,
-                    *pytest_arguments(chunk, profile, str(r), extra),
-                ],
-                cwd=root,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            for chunk, r in zip(chunks, reports, strict=True)
-        ]
-        for run in runs:
-            run.wait()
-        if not all(r.exists() for r in reports):
-            raise RuntimeError("a conformance run wrote no JUnit report")
-        trees = [ET.parse(r) for r in reports]
-        triage = _read_triage(r.with_suffix(".coverage.json") for r in reports)
+        arguments = pytest_arguments(specs, profile, str(report), extra, workers=count)
+        subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", *narrowing, *arguments],
+            cwd=root,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+        )
+        if not report.exists():
+            raise RuntimeError("the conformance run wrote no JUnit report")
+        tree = ET.parse(report)
+        triage = _read_triage([report.with_suffix(".coverage.json")])
     outcomes: dict[str, dict[str, str]] = defaultdict(dict)
     seconds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for tree in trees:
-        _read_outcomes(tree, outcomes, seconds)
+    _read_outcomes(tree, outcomes, seconds)
     return {
         spec: SuiteVerdict(spec, dict(outcomes[spec]), dict(seconds[spec]), triage.get(spec, ()))
         for spec in specs
