@@ -63,9 +63,9 @@ SHRINK_ARGS = ("--max-shrinks", "12", "--shrink-time-limit", "120")
 """Shrinking on (hypothesis's near misses are the triage's evidence), cut after 12
 smaller failing examples: a budget in shrinks, not seconds, so a busy CI machine gathers
 the same evidence as a quiet one (cut at 5 s instead, the same run named 57 right quiet
-and 55 under CI's load); the 120 s limit only stops a runaway. Cut at 40, the run named
-the same 66 bugs right and took 35% longer (585 s against 433 s, AMD EPYC Zen 5, 2
-cores). Shrinking starts after a test's first failure, so which tests fail, the
+and 55 under CI's load); the 120 s limit only stops a runaway. Cut at 40, the run also
+named 66 of the 86 bugs right (nine others each way) and took 35% longer (585 s against
+433 s, AMD EPYC Zen 5, 2 cores). Shrinking starts after a test's first failure, so which tests fail, the
 verdicts, is the kill profile's."""
 
 
