@@ -26,6 +26,7 @@ LAYERS = {
     "core": 0,
     "numerics": 1,
     "results": 1,
+    "processes": 1,
     "conformance": 2,
     "bench": 2,
     "report": 3,
@@ -92,6 +93,7 @@ OUTSIDE_THE_LIBRARY = {
     "suites.mutants": {
         "harness.core",
         "harness.numerics",
+        "harness.processes",
         "harness.conformance",
         "reference_backends",
         "suites.mutants",

@@ -530,3 +530,31 @@ def test_stop_at_the_first_failure_reports_it_with_any_number_of_workers(
     assert "FAILED suites.mutants.backends:TopLeftCausal · test_" in result.stdout
     assert "replay:" in result.stdout
     assert 'failures="0"' not in junit.read_text()
+
+
+def test_conform_writes_its_progress_as_data_for_a_parent(tmp_path):
+    """One JSON line per test started, in the file ``ATTN_HARNESS_PROGRESS`` names: what
+    the main job follows (never the human-readable lines)."""
+    from harness.processes.progress_file import PROGRESS_ENV
+
+    path = tmp_path / "progress.jsonl"
+    args = [sys.executable, "-m", "harness", "conform", "--backend", "reference"]
+    args += [
+        "--workers",
+        "1",
+        "--",
+        "-k",
+        "test_second_run or test_foreign_slot",
+        "--examples",
+        "1",
+    ]
+    env = {**os.environ, PROGRESS_ENV: str(path)}
+    result = subprocess.run(
+        args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert result.returncode == EXIT_OK, result.stdout[-2000:]
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["done"] for r in records] == list(range(len(records)))
+    assert len(records) >= 2
+    assert {r["total"] for r in records} == {len(records)}
+    assert any(r["label"].startswith("test_second_run") for r in records)

@@ -19,9 +19,7 @@ from harness.cli.run_jobs import (
     WIDTH,
     Done,
     _child_env,
-    bench_progress,
     closing_verdict,
-    conform_progress,
     file_stem,
     heartbeat,
     printer,
@@ -30,6 +28,7 @@ from harness.cli.run_jobs import (
 )
 from harness.core.registry import BackendEntry
 from harness.core.threads import timing_threads
+from harness.processes.progress_file import Progress
 from harness.results.store import load_results, save_results
 from reference_backends.reference import ReferenceBackend
 
@@ -168,33 +167,38 @@ def _log(path: Path, *lines: str) -> Path:
     return path
 
 
-def test_the_heartbeat_reads_each_conformance_logs_last_count(tmp_path: Path) -> None:
-    triton = _log(
-        tmp_path / "triton.log",
-        "attn-harness conform: triton · 22 properties, 49 tests · profile ci",
-        "[   30 s] triton: 4/49 tests done, about 9 min left (now test_a[triton])",
-        "test_a   passed (13 ex)",
-        "[  310 s] triton: 12/49 tests done, about 4 min left (now test_b[triton])",
-    )
-    flex = _log(tmp_path / "flex.log", "[  300 s] flex: 30/49 tests done (now test_c[flex])")
-    quiet = _log(tmp_path / "sdpa.log", "attn-harness conform: sdpa · 22 properties, 49 tests")
-    assert conform_progress(triton) == Done(12, 49, "4 min")
-    assert conform_progress(flex) == Done(30, 49, None)
-    assert conform_progress(quiet) is None
-    assert conform_progress(tmp_path / "missing.log") is None
+def test_the_heartbeat_reads_each_steps_progress_as_data() -> None:
+    triton = Done.of(Progress(12, 49, 240.0, "test_b[triton]"))
+    flex = Done.of(Progress(30, 49))
+    assert triton == Done(12, 49, 240.0)
+    assert Done.of(None) is None  # a step that wrote no progress yet
     running = [
-        ("triton", conform_progress(triton), 310.0),
-        ("flex", conform_progress(flex), 300.0),  # its own rate: 19 more at 10 s each
-        ("sdpa", conform_progress(quiet), 12.0),
+        ("triton", triton, 310.0),
+        ("flex", flex, 300.0),  # its own rate: 19 more at 10 s each
+        ("sdpa", None, 12.0),
     ]
     assert heartbeat("conformance", running, waiting=2) == (
         "conformance: triton 12/49 (~4 min left), flex 30/49 (~3 min), sdpa 12 s; 2 waiting"
     )
 
 
+def test_conform_and_bench_write_their_progress_for_a_parent(tmp_path, monkeypatch) -> None:
+    """What the main job reads: ``conform``'s tests done with its estimate, ``bench``'s
+    cases, one JSON line per step, in the file ``ATTN_HARNESS_PROGRESS`` names."""
+    from harness.cli.bench import Progress as BenchBar
+    from harness.processes.progress_file import PROGRESS_ENV, read_progress
+
+    path = tmp_path / "progress.jsonl"
+    monkeypatch.setenv(PROGRESS_ENV, str(path))
+    bar = BenchBar(enabled=False)
+    bar(11, 120, "decode-sweep@1/ctx=512 sdpa")
+    bar(12, 120, "x")
+    assert read_progress(path) == Progress(12, 120, None, "x")
+
+
 def test_a_heartbeat_fits_its_width_by_dropping_detail_in_turn() -> None:
     long = "tests/fixtures/conform_backends.py:RefusesEverything"
-    running = [(long, Done(3, 49, "9 min"), 40.0), ("flex", Done(30, 49), 300.0)]
+    running = [(long, Done(3, 49, 540.0), 40.0), ("flex", Done(30, 49), 300.0)]
     full = heartbeat("conformance", running, 1, width=200)
     assert full == f"conformance: {long} 3/49 (~9 min left), flex 30/49 (~3 min); 1 waiting"
     no_estimates = heartbeat("conformance", running, 1, width=len(full) - 1)
@@ -208,12 +212,8 @@ def test_a_heartbeat_fits_its_width_by_dropping_detail_in_turn() -> None:
     assert line.startswith("conformance: backend1 1/49, backend2 2/49,")
 
 
-def test_the_bench_heartbeat_reads_its_plain_progress_lines(tmp_path: Path) -> None:
-    plain = _log(tmp_path / "plain.log", "[11/120] decode-sweep@1/ctx=512 sdpa", "[12/120] x")
-    assert bench_progress(plain) == Done(12, 120)
-    table = _log(tmp_path / "table.log", "  ctx=1024 chunk=128 x2  (2 seqs, 256 new tokens)")
-    assert bench_progress(table) is None
-    assert heartbeat("bench", [("cases", bench_progress(plain), 20.0)]) == "bench: cases 12/120"
+def test_the_bench_heartbeat_counts_cases() -> None:
+    assert heartbeat("bench", [("cases", Done(12, 120), 20.0)]) == "bench: cases 12/120"
     assert heartbeat("bench", [("cases", Done(30, 120), 50.0)]) == (
         "bench: cases 30/120 (~2 min left)"  # a quarter done: 90 more at 1.7 s each
     )
@@ -304,3 +304,4 @@ def test_no_time_left_is_guessed_before_a_quarter_of_the_tests_are_done() -> Non
     assert Done(2, 49).estimate(300.0) is None
     assert progress_line(300.0, "x", 13, 49).endswith("tests done, about 14 min left")
     assert Done(13, 49).estimate(300.0) == "14 min"
+    assert Done(13, 49, left_s=90.0).estimate(300.0) == "2 min"  # the step's own, first

@@ -65,8 +65,8 @@ smaller failing examples: a budget in shrinks, not seconds, so a busy CI machine
 the same evidence as a quiet one (cut at 5 s instead, the same run named 57 right quiet
 and 55 under CI's load); the 120 s limit only stops a runaway. Cut at 40, the run also
 named 66 of the 86 bugs right (nine others each way) and took 35% longer (585 s against
-433 s, AMD EPYC Zen 5, 2 cores). Shrinking starts after a test's first failure, so which tests fail, the
-verdicts, is the kill profile's."""
+433 s, AMD EPYC Zen 5, 2 cores). Shrinking starts after a test's first failure, so which
+tests fail, the verdicts, is the kill profile's."""
 
 
 @pytest.fixture(scope="module")

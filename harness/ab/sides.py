@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from harness.processes.supervisor import Child
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -123,7 +125,7 @@ class SideProcess:
         if root is not None:
             command += ["--root", str(root)]
         self.side = side
-        self.process = subprocess.Popen(
+        self.child = Child(
             command,
             cwd=PROJECT_ROOT,
             stdin=subprocess.PIPE,
@@ -131,6 +133,7 @@ class SideProcess:
             stderr=None,  # the backend's own output, as a bench run shows it
             text=True,
         )
+        self.process = self.child.process
         self.backend_class: str = ""
         self.source: str | None = None
 
@@ -174,15 +177,14 @@ class SideProcess:
             raise SideError(f"{self.side.label} ({self.side.describe()}): {reply['error']}")
         return reply
 
-    def close(self) -> None:
+    def close(self, *, at_once: bool = False) -> None:
+        """End the worker: it leaves when its input closes (after the request it is on),
+        or is stopped with its process group at once (Ctrl-C) or after 30 s."""
         if self.process.stdin is not None and not self.process.stdin.closed:
             with suppress(BrokenPipeError):
                 self.process.stdin.close()
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        if at_once or self.child.wait(timeout=30) is None:
+            self.child.stop()
 
 
 class SidePair:
@@ -219,7 +221,7 @@ class SidePair:
         self.started += 1
         return spawned
 
-    def close(self) -> None:
+    def close(self, *, at_once: bool = False) -> None:
         for side in self.sides.values():
-            side.close()
+            side.close(at_once=at_once)
         self.sides = {}

@@ -297,6 +297,8 @@ def cmd_ab(args: argparse.Namespace) -> int:
             cases = prepare_cases(sides, plan, size, progress)
             run_rounds(sides, cases, config, progress, renew=(pair.start, size))
     except KeyboardInterrupt:
+        if pair is not None:
+            pair.close(at_once=True)  # the workers have their own process groups
         print("attn-harness ab: interrupted; no results written", file=sys.stderr)
         return EXIT_INTERRUPTED
     except (SideError, OSError) as exc:

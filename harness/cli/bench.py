@@ -32,6 +32,7 @@ from harness.cli.usage import (
 from harness.core.arg_types import OneLineParser, device, output_file, positive_float, positive_int
 from harness.core.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from harness.core.text_table import aligned
+from harness.processes.progress_file import report_progress
 
 # Only the standard library at import time: ``attn-harness --help`` builds this
 # parser, and torch (which every module running a benchmark imports) takes seconds
@@ -216,6 +217,7 @@ class Progress:
         self._task: Any = None
 
     def __call__(self, done: int, total: int, label: str) -> None:
+        report_progress(done, total, label=label)  # for a parent that follows this run
         if not self.enabled:
             return
         if not self.stream.isatty() or importlib.util.find_spec("rich") is None:

@@ -20,26 +20,31 @@ thread (``OMP_NUM_THREADS=1`` unless set); the bench gets the environment
 unchanged, so it times at the thread count a plain ``attn-harness bench``
 would use here (``harness.core.threads.timing_threads``) and the two compare.
 
-Progress has content: each conformance log's last ``N/M tests done`` line
-(``attn-harness conform`` prints one periodically without a terminal) and
-the bench's case count give a heartbeat such as ``conformance: triton 12/49
-(~4 min left), flex 30/49 (~2 min); 2 waiting``, at most ``WIDTH`` columns,
-shown as a live line on a terminal and as a plain line every
-``HEARTBEAT_S`` seconds without one. ``closing_verdict`` composes the last line.
+Progress has content, read as data: each step is a ``harness.processes``
+child given a progress file, where ``conform`` writes its tests done (and its
+own estimate of the rest) and ``bench`` its cases done, one JSON line each;
+they give a heartbeat such as ``conformance: triton 12/49 (~4 min left), flex
+30/49 (~2 min); 2 waiting``, at most ``WIDTH`` columns, shown as a live line
+on a terminal and as a plain line every ``HEARTBEAT_S`` seconds without one.
+Every step runs in a process group of its own, stopped as a whole on the
+way out. ``closing_verdict`` composes the last line.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import re
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
+
+from harness.processes.progress_file import Progress
+from harness.processes.supervisor import Child
 
 if TYPE_CHECKING:
     from harness.core.registry import BackendEntry
@@ -47,10 +52,7 @@ if TYPE_CHECKING:
 HEARTBEAT_S = 30.0  # a plain progress line this often without a terminal
 LIVE_S = 1.0  # the live line's refresh on a terminal
 WIDTH = 100  # progress lines, their "[   12 s] " prefix included, fit this many columns
-TAIL_BYTES = 16384  # how much of a log's end is read for its last progress line
-TESTS_DONE = re.compile(r"(\d+)/(\d+) tests done(?:, about (\d+ (?:s|min)) left)?")
-# the bench's progress in a log: one "[12/120] case" line per step
-CASES_DONE = re.compile(r"^\[(\d+)/(\d+)\]")
+STOP_GRACE_S = 10.0  # a stopped step's time to write what it has, before SIGKILL
 
 
 @dataclass
@@ -61,7 +63,7 @@ class ConformanceJob:
     started: float = 0.0
     seconds: float = 0.0
     code: int | None = None
-    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    child: Child | None = field(default=None, repr=False)
 
     @property
     def verdict(self) -> str:
@@ -141,45 +143,27 @@ class Done:
 
     done: int
     total: int
-    left: str | None = None  # "3 min", "40 s": what the step itself said
+    left_s: float | None = None  # seconds, as the step itself estimated them
+
+    @classmethod
+    def of(cls, progress: Progress | None) -> Done | None:
+        """From what a step last wrote to its progress file, if anything."""
+        return None if progress is None else cls(progress.done, progress.total, progress.left_s)
 
     def estimate(self, elapsed: float) -> str | None:
         """The step's estimate, else one from the pace so far (none before a quarter)."""
         from harness.conformance.progress import seconds_left
 
-        if self.left:
-            return self.left
-        seconds = seconds_left(elapsed, self.done, self.total)
+        seconds = self.left_s
+        if seconds is None:
+            seconds = seconds_left(elapsed, self.done, self.total)
         if seconds is None:
             return None
         return f"{seconds:.0f} s" if seconds < 60 else f"{seconds / 60:.0f} min"
 
 
-def _tail(path: Path) -> str:
-    try:
-        with path.open("rb") as handle:
-            handle.seek(max(0, path.stat().st_size - TAIL_BYTES))
-            return handle.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-
-
-def conform_progress(log: Path) -> Done | None:
-    """The last ``N/M tests done[, about T left]`` line of a conformance log."""
-    found = TESTS_DONE.findall(_tail(log))
-    if not found:
-        return None
-    done, total, left = found[-1]
-    return Done(int(done), int(total), left or None)
-
-
-def bench_progress(log: Path) -> Done | None:
-    """The bench's last ``done/total`` count, from its plain progress lines."""
-    found = [m for part in re.split(r"[\r\n]", _tail(log)) for m in CASES_DONE.findall(part)]
-    if not found:
-        return None
-    done, total = found[-1]
-    return Done(int(done), int(total))
+def _progress(job: ConformanceJob) -> Done | None:
+    return None if job.child is None else Done.of(job.child.progress())
 
 
 def _job_text(name: str, done: Done | None, elapsed: float, first: bool, detail: int) -> str:
@@ -232,13 +216,14 @@ def run_conformance_jobs(
     waiting = list(jobs)
     running: list[ConformanceJob] = []
     last_beat = time.monotonic()
+    progress_dir = tempfile.TemporaryDirectory(prefix="attn-harness-run-")
     try:
         while waiting or running:
             while waiting and len(running) < workers:
                 job = waiting.pop(0)
                 handle = job.log.open("wb")
                 job.started = time.monotonic()
-                job.process = subprocess.Popen(
+                job.child = Child(
                     harness_command(
                         "conform",
                         "--backend",
@@ -255,14 +240,15 @@ def run_conformance_jobs(
                     stdout=handle,
                     stderr=subprocess.STDOUT,
                     env=_child_env(one_thread=True),
+                    progress=Path(progress_dir.name) / f"{file_stem(job.backend)}.jsonl",
                 )
                 handle.close()
                 running.append(job)
                 say(f"conformance: {job.backend}: started")
             time.sleep(0.5)
             for job in list(running):
-                assert job.process is not None
-                code = job.process.poll()
+                assert job.child is not None
+                code = job.child.poll()
                 if code is None:
                     continue
                 job.code, job.seconds = code, time.monotonic() - job.started
@@ -276,15 +262,15 @@ def run_conformance_jobs(
                 now = time.monotonic()
                 line = heartbeat(
                     "conformance",
-                    [(j.backend, conform_progress(j.log), now - j.started) for j in running],
+                    [(j.backend, _progress(j), now - j.started) for j in running],
                     len(waiting),
                 )
                 (live or say)(line)
     finally:
         for job in running:
-            if job.process is not None and job.process.poll() is None:
-                job.process.terminate()
-                job.process.wait()
+            if job.child is not None:
+                job.child.stop(first=signal.SIGTERM, grace_s=STOP_GRACE_S)
+        progress_dir.cleanup()
 
 
 def run_bench(
@@ -298,7 +284,7 @@ def run_bench(
     """The benchmark workloads as ``attn-harness bench`` runs them; its output goes to ``log``.
 
     Its table, its progress and any backend's prints land in ``log``; the
-    heartbeat reads the case count from there. A results file left by an
+    heartbeat reads the case count from the bench's progress file. A results file left by an
     earlier run is removed first, so the closing verdict never reads a stale one.
     """
     from harness.core.threads import timing_threads
@@ -312,23 +298,22 @@ def run_bench(
         args += ["--workload", name]
     out.unlink(missing_ok=True)
     started = last_beat = time.monotonic()
-    with log.open("wb") as handle:
-        process = subprocess.Popen(
+    with log.open("wb") as handle, tempfile.TemporaryDirectory(prefix="attn-harness-run-") as tmp:
+        child = Child(
             harness_command(*args),
             stdout=handle,
             stderr=subprocess.STDOUT,
             env=_child_env(one_thread=False),
+            progress=Path(tmp) / "bench.jsonl",
         )
         try:
-            while process.poll() is None:
+            while child.wait(timeout=0.5) is None:
                 live = _live(say)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(timeout=0.5)
                 every = LIVE_S if live is not None else HEARTBEAT_S
-                if process.poll() is None and time.monotonic() - last_beat >= every:
+                if time.monotonic() - last_beat >= every:
                     last_beat = time.monotonic()
                     elapsed = last_beat - started
-                    done = bench_progress(log)
+                    done = Done.of(child.progress())
                     line = (
                         heartbeat("bench", [("cases", done, elapsed)])
                         if done is not None
@@ -336,10 +321,8 @@ def run_bench(
                     )
                     (live or say)(line)
         finally:
-            if process.poll() is None:
-                process.terminate()
-                process.wait()
-    return int(process.returncode)
+            code = child.stop(first=signal.SIGTERM, grace_s=STOP_GRACE_S)
+    return int(code)
 
 
 def bench_summary(results: Path, log: Path, code: int) -> str:

@@ -23,8 +23,9 @@ from typing import Any
 import pytest
 
 from harness.conformance.plugin_names import backend_entry_of
-from harness.conformance.progress import progress_display
+from harness.conformance.progress import progress_display, seconds_left
 from harness.core import text_table
+from harness.processes.progress_file import report_progress
 
 _BLOB = re.compile(r"@reproduce_failure\('([^']+)', b'([^']*)'\)")
 
@@ -439,6 +440,9 @@ class CompactReporter:
             if f"[{backend}" in label:
                 label = shown_name(label, backend)  # the backend is named once, up front
         self.live.start_test(self.done, self.total, label)
+        elapsed = time.monotonic() - self.started
+        left_s = seconds_left(elapsed, self.done, self.total)
+        report_progress(self.done, self.total, left_s=left_s, label=label)
 
     def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
         self.done += 1

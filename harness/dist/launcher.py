@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -22,10 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.bench.environment import usable_cpus
 from harness.dist.diagnosis import RunFailure, diagnose_exit, diagnose_stall
 from harness.dist.group import INIT_ENV, PARENT_ENV
 from harness.dist.progress import read_beat, read_status, read_summary
-from harness.bench.environment import usable_cpus
+from harness.processes.supervisor import Child
 
 POLL_S = 0.05
 GRACE_S = 2.0
@@ -117,32 +117,31 @@ def launch(
         "--timeout", str(collective_timeout),
     ]  # fmt: skip
     started = time.monotonic()
-    procs: list[subprocess.Popen[bytes]] = []
+    ranks: list[Child] = []
     logs = []
     with _terminations_raise():
         try:
             for rank in range(dp_size):
                 log = open(run_dir / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed below
                 logs.append(log)
-                procs.append(
-                    subprocess.Popen(
+                ranks.append(
+                    Child(
                         command,
                         env=_environment(rank, dp_size, run_dir),
                         stdout=None if (rank == 0 and echo_rank0) else log,
                         stderr=log,
-                        start_new_session=True,  # its own process group: killed as one
                     )
                 )
-            failure = _watch(procs, run_dir, timeout)
+            failure = _watch(ranks, run_dir, timeout)
         except BaseException:
-            _kill_all(procs)
+            _stop_all(ranks)
             raise
         finally:
             for log in logs:
                 log.close()
-        survivors = _kill_all(procs)
+        survivors = _stop_all(ranks)
     seconds = time.monotonic() - started
-    pids = [p.pid for p in procs]
+    pids = [r.pid for r in ranks]
     texts = {r: _tail(run_dir / f"rank{r}.log") for r in range(dp_size)}
     if survivors:
         message = f"processes still alive after the run: {survivors}"
@@ -164,7 +163,7 @@ def launch(
     )
 
 
-def _watch(procs: list[subprocess.Popen[bytes]], run_dir: Path, timeout: float) -> RunFailure | None:
+def _watch(procs: list[Child], run_dir: Path, timeout: float) -> RunFailure | None:
     """Poll until every rank exits 0 (None) or the run must end (the failure)."""
     dp_size = len(procs)
     last_change = time.monotonic()
@@ -186,7 +185,7 @@ def _watch(procs: list[subprocess.Popen[bytes]], run_dir: Path, timeout: float) 
         time.sleep(POLL_S)
 
 
-def _first_failure(procs: list[subprocess.Popen[bytes]], run_dir: Path) -> RunFailure:
+def _first_failure(procs: list[Child], run_dir: Path) -> RunFailure:
     """Give the others a moment to say why, then pick the cause, not the collateral."""
     deadline = time.monotonic() + GRACE_S
     while time.monotonic() < deadline and any(p.poll() is None for p in procs):
@@ -199,38 +198,12 @@ def _first_failure(procs: list[subprocess.Popen[bytes]], run_dir: Path) -> RunFa
     )
 
 
-def _kill_all(procs: list[subprocess.Popen[bytes]]) -> list[int]:
-    """SIGKILL every rank's process group, reap, and return the pids still alive (none)."""
-    for proc in procs:
-        if proc.poll() is None:
-            _killpg(proc.pid)
-    for proc in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
-    deadline = time.monotonic() + 5.0
-    while True:
-        alive = [p.pid for p in procs if _group_alive(p.pid)]
-        if not alive or time.monotonic() > deadline:
-            return alive
-        for pid in alive:  # a rank's own children (compile workers, ...) go with it
-            _killpg(pid)
-        time.sleep(POLL_S)
-
-
-def _killpg(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether any process (the rank or a child) is left in the rank's process group."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _stop_all(ranks: list[Child]) -> list[int]:
+    """Stop every rank's process group (a rank's own children go with it); the pids whose
+    group is still alive after that (none)."""
+    for rank in ranks:
+        rank.stop()
+    return [r.pid for r in ranks if r.group_alive()]
 
 
 def _tail(path: Path, lines: int = 20) -> str:

@@ -68,6 +68,7 @@ from typing import Any
 
 from harness.gpu.bench_step import bench_command
 from harness.gpu.pair_step import PAIR_LIMIT_S, pair_command, pair_lines
+from harness.processes import supervisor
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BACKENDS = ("triton", "sdpa", "flex")
@@ -122,16 +123,6 @@ def _pythonpath() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
 
 
-def _interruptible() -> None:
-    """In the step's process before it starts: SIGINT back to its default action.
-
-    A program started in the background by a non-interactive shell inherits
-    SIGINT ignored, and Python then installs no KeyboardInterrupt handler:
-    the step would ignore the interrupt meant to make it write its reports.
-    """
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _run(name: str, command: list[str], out: Path, timeout: float) -> StepResult:
     """Run one step, its output teed to ``OUT_DIR/<name>.log``.
 
@@ -139,33 +130,23 @@ def _run(name: str, command: list[str], out: Path, timeout: float) -> StepResult
     its reports of what ran), and SIGKILL ``INTERRUPT_GRACE_S`` later if it
     is still there; such a step's exit code is 124.
     """
-    start = time.monotonic()
     with open(out / f"{name}.log", "w") as log:
         log.write("$ " + " ".join(command) + "\n")
         log.flush()
-        process = subprocess.Popen(
+        done = supervisor.run(
             command,
+            timeout_s=timeout,
+            first=signal.SIGINT,
+            grace_s=INTERRUPT_GRACE_S,
+            interruptible=True,  # SIGINT reaches pytest even from a background shell
             cwd=ROOT,
             env=_pythonpath(),
             stdout=log,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group, so its children stop with it
-            preexec_fn=_interruptible,
         )
-        try:
-            rc = process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGINT)
-            try:
-                process.wait(timeout=INTERRUPT_GRACE_S)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        if done.timed_out:
             log.write(f"\n[gpu_check] {name} stopped after {timeout:.0f} s\n")
-            rc = 124
-    return StepResult(name, rc, time.monotonic() - start, timeout)
+    return StepResult(name, 124 if done.timed_out else done.code, done.seconds, timeout)
 
 
 def _environment(out: Path) -> str:

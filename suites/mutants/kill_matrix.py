@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.conformance.runner import pytest_arguments
+from harness.processes.supervisor import run
 from suites.mutants.backends import FIELD_MUTANTS, MUTANTS, VARIANT_MUTANTS
 from suites.mutants.dimensions import triage_rate
 
@@ -125,13 +126,12 @@ def run_suite(
             selection.write_text(json.dumps({spec: tests[spec] for spec in specs}))
             narrowing = ["-p", "suites.mutants.selection", "--backend-tests", str(selection)]
         arguments = pytest_arguments(specs, profile, str(report), extra, workers=count)
-        subprocess.run(
+        run(
             [sys.executable, "-m", "pytest", "-q", *narrowing, *arguments],
             cwd=root,
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            check=False,
         )
         if not report.exists():
             raise RuntimeError("the conformance run wrote no JUnit report")
