@@ -25,7 +25,6 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,7 +135,7 @@ def run_suite(
         if not report.exists():
             raise RuntimeError("the conformance run wrote no JUnit report")
         tree = ET.parse(report)
-        triage = _read_triage([report.with_suffix(".coverage.json")])
+        triage = _read_triage(report.with_suffix(".coverage.json"))
     outcomes: dict[str, dict[str, str]] = defaultdict(dict)
     seconds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     _read_outcomes(tree, outcomes, seconds)
@@ -146,14 +145,12 @@ def run_suite(
     }
 
 
-def _read_triage(paths: Iterable[Path]) -> dict[str, tuple[dict, ...]]:
-    """Each backend's failure groups, from the coverage files beside the JUnit reports."""
-    found: dict[str, tuple[dict, ...]] = {}
-    for path in paths:
-        if path.exists():
-            for name, backend in json.loads(path.read_text())["backends"].items():
-                found[name] = tuple(backend.get("triage", ()))
-    return found
+def _read_triage(path: Path) -> dict[str, tuple[dict, ...]]:
+    """Each backend's failure groups, from the coverage file beside the JUnit report."""
+    if not path.exists():
+        return {}
+    backends = json.loads(path.read_text())["backends"]
+    return {name: tuple(backend.get("triage", ())) for name, backend in backends.items()}
 
 
 def _read_outcomes(
