@@ -133,7 +133,6 @@ class SideProcess:
             stderr=None,  # the backend's own output, as a bench run shows it
             text=True,
         )
-        self.process = self.child.process
         self.backend_class: str = ""
         self.source: str | None = None
 
@@ -147,10 +146,10 @@ class SideProcess:
         self.source = hello.get("source")
 
     def _read(self) -> dict[str, Any]:
-        stdout: IO[str] | None = self.process.stdout
+        stdout: IO[str] | None = self.child.process.stdout
         line = stdout.readline() if stdout is not None else ""
         if not line:
-            code = self.process.wait()
+            code = self.child.process.wait()
             raise SideError(f"{self.side.label}'s worker process ended (exit status {code})")
         reply: dict[str, Any] = json.loads(line)
         return reply
@@ -161,7 +160,7 @@ class SideProcess:
 
     def send(self, op: str, **fields: Any) -> None:
         """Send a request without waiting: the worker starts on it while the caller goes on."""
-        stdin = self.process.stdin
+        stdin = self.child.process.stdin
         if stdin is None:
             raise SideError(f"{self.side.label}'s worker is closed")
         try:
@@ -180,9 +179,9 @@ class SideProcess:
     def close(self, *, at_once: bool = False) -> None:
         """End the worker: it leaves when its input closes (after the request it is on),
         or is stopped with its process group at once (Ctrl-C) or after 30 s."""
-        if self.process.stdin is not None and not self.process.stdin.closed:
+        if self.child.process.stdin is not None and not self.child.process.stdin.closed:
             with suppress(BrokenPipeError):
-                self.process.stdin.close()
+                self.child.process.stdin.close()
         if at_once or self.child.wait(timeout=30) is None:
             self.child.stop()
 
