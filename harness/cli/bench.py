@@ -208,11 +208,13 @@ def render_workloads(workloads: list[Workload]) -> str:
 class Progress:
     """A live bar on a terminal (rich's, as ``attn-harness conform`` draws); else, and
     without rich (optional: ``attn-harness[live]``), one plain ``[done/total] case`` line
-    per step, for a log and for the main job, which reads the last one."""
+    per step, for a log. Each step also goes to the progress file a parent named
+    (``harness.processes.progress_file``): what the main job reads."""
 
     def __init__(self, enabled: bool, stream: TextIO | None = None) -> None:
         self.enabled = enabled
         self.stream = stream or sys.stderr
+        self._plain = not self.stream.isatty() or importlib.util.find_spec("rich") is None
         self._bar: Any = None
         self._task: Any = None
 
@@ -220,7 +222,7 @@ class Progress:
         report_progress(done, total, label=label)  # for a parent that follows this run
         if not self.enabled:
             return
-        if not self.stream.isatty() or importlib.util.find_spec("rich") is None:
+        if self._plain:
             print(f"[{done}/{total}] {label}", file=self.stream, flush=True)
             return
         if self._bar is None:
