@@ -5,8 +5,9 @@ for twenty minutes reads as a hang. On a terminal one transient line shows
 the running test and its examples; without one (a log file, CI) a line
 like ``[  120 s] reference: 12/49 tests done, about 3 min left`` is printed
 every ``PLAIN_EVERY_S`` seconds (``--progress-every``), from a timer thread, so a long test still
-shows the run is alive. The main job reads the last such line of each
-backend's log for its own progress line (pattern: ``N/M tests done``).
+shows the run is alive. Those lines are for people: a program following
+the run (the main job) reads the progress file ``conform`` writes beside
+them (``harness.processes.progress_file``).
 """
 
 from __future__ import annotations
