@@ -47,6 +47,12 @@ interpreter: call ``interpret_triton_here()`` before anything imports triton
 (it also makes the interpreter's bf16 arithmetic that of compiled Triton);
 ``triton_interprets()`` says whether this process interprets.
 
+MLA (``Capabilities(kind="mla")``): the constructor takes ``kv_lora_rank``;
+each layer is one latent cache (``cache.latent``), ``forward`` stores each new
+latent row once, ``self.sequences`` yields the latent rows as the keys and
+their first ``kv_lora_rank`` entries as the values, and ``attend`` returns
+``[T, num_heads, kv_lora_rank]`` (``self.value_dim``); ``docs/mla.md``.
+
 Cache memory outside the sequences is unspecified; the conformance suite
 fills it with NaN, so a kernel that reads past a sequence's end returns NaN.
 

@@ -42,6 +42,7 @@ contiguous SDPA 143 ms (0.40x), ``sdpa`` 204 ms (1.42x); 9.4 GB/s moved =
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import hashlib
 import os
 import platform
@@ -62,7 +63,7 @@ from harness.core.paged_base import PagedBackendBase, PreparedStep
 from harness.core.validate import CacheGeometry, CheckedMetadata
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "paged_attention.cpp"
-ABI_VERSION = 2
+ABI_VERSION = 3
 CACHE_ENV = "ATTN_HARNESS_BUILD_DIR"  # where built libraries are kept (default ~/.cache)
 TILE_FIELDS = 8  # q_token, q_count, q_pos, bt_off, k_begin, k_end, part, unused
 MAX_TILE_ROWS = 64  # query rows (tokens x GQA group) of one KV head in a tile
@@ -104,6 +105,7 @@ class _Params(ctypes.Structure):
         ("causal", _INT),
         ("num_threads", _INT),
         ("scale", ctypes.c_double),
+        ("value_dim", _INT),
     ]
 
 
@@ -339,6 +341,7 @@ class CompiledBackend(PagedBackendBase):
         dp_size: int = 1,
         dp_rank: int = 0,
         validate: bool = True,
+        kv_lora_rank: int | None = None,
     ) -> None:
         super().__init__(
             num_heads=num_heads,
@@ -348,6 +351,7 @@ class CompiledBackend(PagedBackendBase):
             dp_size=dp_size,
             dp_rank=dp_rank,
             validate=validate,
+            kv_lora_rank=kv_lora_rank,
         )
         self._library = load_library()  # the build (seconds, once per machine) happens here
         self._partials = torch.empty(0, dtype=torch.float32)
@@ -380,7 +384,7 @@ class CompiledBackend(PagedBackendBase):
             num_kv_heads=self.num_kv_heads,
             num_threads=torch.get_num_threads(),
         )
-        needed = plan.partial_slots * plan.max_rows * (self.head_dim + 2)
+        needed = plan.partial_slots * plan.max_rows * (self.value_dim + 2)
         if self._partials.numel() < needed:  # sized here, on the host, not in forward
             self._partials = torch.empty(needed, dtype=torch.float32)
         return plan
@@ -390,7 +394,7 @@ class CompiledBackend(PagedBackendBase):
         if query.dtype not in _DTYPE_CODES:
             raise Unsupported(f"the compiled backend does not support {query.dtype}")
         alloc = torch.zeros if plan.padded_tokens else torch.empty
-        out = alloc(query.shape[0], self.num_heads, self.head_dim, dtype=query.dtype)
+        out = alloc(query.shape[0], self.num_heads, self.value_dim, dtype=query.dtype)
         if plan.tiles.shape[0] == 0:
             return out
         key, value = cache.key, cache.value
@@ -426,6 +430,24 @@ class CompiledBackend(PagedBackendBase):
             causal=int(step.checked.causal),
             num_threads=torch.get_num_threads(),
             scale=self.scale,
+            value_dim=self.value_dim,
         )
         self._library.paged_attention_forward(ctypes.byref(params))
         return out
+
+
+class CompiledMlaBackend(CompiledBackend):
+    """MLA decode, prefill and extend through the same kernel (kind ``mla``; CPU only).
+
+    MLA is one KV head whose value row is the first ``kv_lora_rank`` entries
+    of its latent row, so the kernel's GQA path serves it unchanged: the
+    whole head group (every query head) shares each latent row it loads, the
+    value pointer is the latent cache itself and the value width
+    ``kv_lora_rank``; split-KV merges run over that width.
+    """
+
+    @classmethod
+    def capabilities(cls) -> Capabilities:
+        """Float32/16/bf16 latent caches on the CPU: any latent geometry, page size, DP size."""
+        return dataclasses.replace(super().capabilities(), kind="mla")
+

@@ -44,7 +44,7 @@ class ReferenceBackend(PagedBackendBase):
     def attend_with_lse(
         self, query: torch.Tensor, cache: LayerCache, step: PreparedStep
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        out = torch.zeros_like(query)
+        out = query.new_zeros(*query.shape[:2], self.value_dim)
         lse = torch.zeros(query.shape[:2], dtype=torch.float32, device=query.device)
         for tokens, key, value in self.sequences(cache, step):
             q = query[tokens].float().transpose(0, 1)  # [H, q, D]
@@ -123,3 +123,26 @@ class ReferenceBackend(PagedBackendBase):
         """Stable softmax: subtract the row maximum before exponentiating."""
         weights = (logits - logits.amax(dim=-1, keepdim=True)).exp()
         return weights / weights.sum(dim=-1, keepdim=True)
+
+
+class ReferenceMlaBackend(ReferenceBackend):
+    """MLA (kind ``mla``): the same per-sequence computation over a latent cache.
+
+    The latent rows are the key (one head, shared by every query head) and
+    their first ``kv_lora_rank`` entries the value, so attention is the
+    formula above with one KV head: the readable definition of MLA decode,
+    prefill and extend over absorbed queries. FP8 latent caches, ``out=`` and
+    ``forward_with_lse``; no window, soft-cap, sinks or ALiBi (MLA models use none).
+    """
+
+    @classmethod
+    def capabilities(cls) -> Capabilities:
+        return dataclasses.replace(
+            super().capabilities(),
+            kind="mla",
+            sliding_window=False,
+            soft_cap=False,
+            sinks=False,
+            alibi=False,
+            cache_layouts=("NHD",),
+        )

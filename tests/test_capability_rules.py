@@ -10,14 +10,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.conformance.check_matrix import quick_coverage
-from harness.conformance.claim_coverage import requirements
+from harness.conformance.coverage_promises import requirements
 from harness.conformance.step_strategies import production_scenarios, scenarios
 from harness.conformance.strategies import CI_BUDGET
 from harness.core.contract import Capabilities
 from harness.core.registry import BackendEntry
 from harness.dist.claims import claim_problems, fit_claim
 from harness.dist.schedule import DistSetup
-from harness.numerics.scenario import logit_reach
+from harness.numerics.logit_shaping import logit_reach
 from reference_backends import ReferenceBackend
 
 FAST = settings(

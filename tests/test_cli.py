@@ -15,6 +15,7 @@ import pytest
 import harness.core.registry as registry
 from harness.cli.main import EXIT_FAILED, EXIT_OK, EXIT_USAGE, SHOWN_FAILURES, main
 from harness.core.registry import BackendRegistry
+from reference_backends import BUILTIN_BACKENDS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -91,10 +92,10 @@ def test_list_shows_builtins_with_origin_and_dp(capsys: pytest.CaptureFixture[st
     assert main(["list"]) == EXIT_OK
     out = capsys.readouterr().out
     rows = _rows(out)
-    assert rows["name"][:3] == ["name", "origin", "dp-aware"]
-    for name in ("reference", "sdpa"):
+    assert rows["name"][:4] == ["name", "origin", "kind", "dp-aware"]
+    for name, kind in (("reference", "mha"), ("reference-mla", "mla"), ("sdpa", "mha")):
         assert rows[name][1] == "built-in"
-        assert rows[name][2] == "yes"
+        assert rows[name][2:4] == [kind, "yes"]
         assert "float32,float16,bfloat16" in rows[name]
     assert out.index("reference") < out.index("sdpa")
 
@@ -103,16 +104,7 @@ def test_list_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["list", "--json"]) == EXIT_OK
     data = json.loads(capsys.readouterr().out)
     by_name = {b["name"]: b for b in data["backends"]}
-    assert set(by_name) == {
-        "compiled",
-        "flex",
-        "reference",
-        "sdpa",
-        "sglang-triton",
-        "triton",
-        "vllm-cpu",
-        "vllm-triton",
-    }
+    assert set(by_name) == set(BUILTIN_BACKENDS)
     for entry in by_name.values():
         assert {"name", "origin", "dp_aware", "dtypes"} <= set(entry)
         assert entry["origin"] == "built-in"
@@ -163,7 +155,7 @@ def test_list_relative_file_spec_table(
     spec = "tests/fixtures/file_backend.py:FileBackend"
     assert main(["list", "--backend", spec, "--backend", "sdpa"]) == EXIT_OK
     rows = _rows(capsys.readouterr().out)
-    assert rows[spec][1:3] == ["spec", "yes"]
+    assert rows[spec][1:4] == ["spec", "mha", "yes"]
     assert rows["sdpa"][1] == "built-in"
     assert "reference" not in rows
 
@@ -171,7 +163,7 @@ def test_list_relative_file_spec_table(
 def test_list_non_dp_backend_says_no(capsys: pytest.CaptureFixture[str]) -> None:
     spec = _spec("NonDPBackend")
     assert main(["list", "--backend", spec]) == EXIT_OK
-    assert _rows(capsys.readouterr().out)[spec][1:3] == ["spec", "no"]
+    assert _rows(capsys.readouterr().out)[spec][1:4] == ["spec", "mha", "no"]
 
 
 @pytest.mark.parametrize("command", ["list", "check"])
@@ -205,7 +197,7 @@ def test_unknown_name_lists_available(command: str, capsys: pytest.CaptureFixtur
     err = capsys.readouterr().err
     assert err.startswith(f"attn-harness {command}: error: --backend nope: ")
     assert "'nope'" in err
-    assert "Available: compiled, flex, reference, sdpa, sglang-triton, triton" in err
+    assert "Available: " + ", ".join(sorted(BUILTIN_BACKENDS)) in err
     assert "Traceback" not in err
 
 
@@ -515,7 +507,7 @@ def test_list_at_80_columns_gives_each_backend_a_block(
     lines = capsys.readouterr().out.splitlines()
     at = lines.index("reference")
     block = " ".join(lines[at + 1 : lines.index("sdpa")])
-    assert block.startswith("  origin built-in  dp-aware yes  dtypes float32,float16,bfloat16")
+    assert block.startswith("  origin built-in  kind mha  dp-aware yes  dtypes float32,float16,bf")
     assert "variants window,soft-cap,sinks,alibi,out=,lse,fp8_e4m3,fp8_e5m2,HND" in block
 
 

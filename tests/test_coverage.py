@@ -14,13 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness import Capabilities, PoolLayout
-from harness.conformance.claim_coverage import (
-    CoverageLog,
-    Requirement,
-    StatefulRun,
-    labels,
-    requirements,
-)
+from harness.conformance.claim_coverage import CoverageLog, StatefulRun, labels
+from harness.conformance.coverage_promises import Requirement, requirements
 from harness.conformance.options import ConformanceOptions
 from harness.conformance.profiles import get_profile
 from harness.conformance.run_coverage import coverage_gaps, whole_suite_ran

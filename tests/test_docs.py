@@ -109,6 +109,12 @@ def test_contract_examples_run_and_the_minimal_backend_passes_the_quick_check(
     assert_backend_passes_quick_check(files["minimal_backend.py"])
 
 
+def test_mla_example_runs_and_its_backend_passes_the_quick_check(doc_folder: Path) -> None:
+    files = run_doc(DOCS / "mla.md", doc_folder)
+    assert list(files) == ["my_mla.py"]
+    assert_backend_passes_quick_check(files["my_mla.py"])
+
+
 def test_guide_code_uses_only_public_names() -> None:
     for block in code_blocks(DOCS / "write-a-backend.md", "python"):
         private = [n for n in re.findall(r"(?<!\w)_\w+", block) if not n.endswith("__")]

@@ -40,13 +40,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.conformance.claim_coverage import (
-    DIMENSIONS,
-    BackendCoverage,
-    CoverageLog,
-    Requirement,
-    requirements,
-)
+from harness.conformance.claim_coverage import DIMENSIONS, BackendCoverage, CoverageLog
+from harness.conformance.coverage_promises import Requirement, requirements
 from harness.conformance.pair_coverage import PAIR_DIMENSIONS
 from harness.conformance.profiles import get_profile
 from harness.core.registry import default_registry

@@ -23,7 +23,7 @@ def test_a_backend_gets_its_ratio_to_the_engine_on_the_same_case():
     peer = record_of("contiguous-sdpa")
     records = [peer, ours, engine]
     assert engine_in(records) == ENGINE
-    add_engine_ratios(records, ENGINE)
+    add_engine_ratios(records)
     assert ours.metrics["engine_peer"] == ENGINE
     assert ours.metrics["ratio_to_engine"] == pytest.approx(0.5)
     low, high = ours.metrics["ratio_to_engine_ci"]
@@ -35,7 +35,7 @@ def test_a_backend_gets_its_ratio_to_the_engine_on_the_same_case():
 def test_no_ratio_where_the_engine_did_not_pass_the_case():
     ours = record_of("compiled")
     engine = record_of(ENGINE, status="INCORRECT_NUMERICAL", error="off by 1.1")
-    add_engine_ratios([ours, engine], ENGINE)
+    add_engine_ratios([ours, engine])
     assert ours.metrics["ratio_to_engine"] is None
     assert ours.metrics["ratio_to_engine_ci"] is None
 
@@ -49,7 +49,7 @@ def test_a_run_without_an_engine_kernel_has_no_engine_peer_or_column():
 def test_the_table_prints_both_ratios_when_the_run_has_an_engine():
     ours = record_of("compiled", forward=timing(3_000_000, 3_100_000, 2_900_000))
     engine = record_of(ENGINE, forward=timing(6_000_000, 6_200_000, 5_800_000))
-    add_engine_ratios([ours, engine], ENGINE)
+    add_engine_ratios([ours, engine])
     lines = table_lines(render(run_of(record_of("contiguous-sdpa"), ours, engine)))
     assert f"x {ENGINE} [95% CI]" in lines[0]
     row = next(line for line in lines if line.strip().startswith("compiled"))

@@ -27,12 +27,12 @@ from harness.conformance.strategies import CI_BUDGET
 from harness.core.contract import Capabilities
 from harness.core.kv_pages import pages_needed
 from harness.core.registry import default_registry
+from harness.numerics.logit_shaping import logit_offset_limit
 from harness.numerics.oracle import SequenceKV
 from harness.numerics.scenario import (
     Scenario,
     backend_for,
     check_outputs,
-    logit_offset_limit,
     make_step_inputs,
     run_scenario,
 )

@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness.conformance.claim_coverage import CoverageLog, requirements
+from harness.conformance.claim_coverage import CoverageLog
+from harness.conformance.coverage_promises import requirements
 from harness.conformance.pair_coverage import (
     PAIR_DIMENSIONS,
     claimed_cells,

@@ -12,7 +12,8 @@ from harness.conformance.strategies import CI_BUDGET
 from harness.core.contract import Capabilities
 from harness.core.kv_pages import PoolLayout, dp_page_range, pages_needed
 from harness.core.registry import default_registry
-from harness.numerics.scenario import Scenario, backend_for, make_step_inputs, plant_positions
+from harness.numerics.logit_shaping import plant_positions
+from harness.numerics.scenario import Scenario, backend_for, make_step_inputs
 
 DRAWS = settings(
     max_examples=40,

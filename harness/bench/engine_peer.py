@@ -19,30 +19,40 @@ from harness.results.statistics import bootstrap_ratio_ci
 if TYPE_CHECKING:
     from harness.results.store import CaseRecord
 
-ENGINE_PEERS = ("vllm-cpu",)
-"""Registered backends that are an engine's production kernel; the first one a run includes
-is its engine peer."""
+ENGINE_PEERS = ("vllm-cpu", "vllm-cpu-mla")
+"""Registered backends that are an engine's production kernel (MHA, then MLA); the first one a
+run includes that passed a case is that case's engine peer."""
+
+
+def engines_in(records: Sequence[CaseRecord]) -> list[str]:
+    """The run's engine peers: those of ``ENGINE_PEERS`` among its backends, in that order."""
+    names = {r.backend for r in records if r.role == "backend"}
+    return [e for e in ENGINE_PEERS if e in names]
 
 
 def engine_in(records: Sequence[CaseRecord]) -> str | None:
     """The run's engine peer: the first of ``ENGINE_PEERS`` among its backends."""
-    names = {r.backend for r in records if r.role == "backend"}
-    return next((e for e in ENGINE_PEERS if e in names), None)
+    return next(iter(engines_in(records)), None)
 
 
-def add_engine_ratios(records: Sequence[CaseRecord], engine: str) -> None:
-    """Each timed backend record's ``ratio_to_engine`` (and its interval) against ``engine``
-    on the same case; ``None`` where the engine did not pass that case."""
-    timed = {
-        (r.workload, r.workload_version, r.case): r
-        for r in records
-        if r.backend == engine and r.valid  # valid: passed and timed
-    }
+def add_engine_ratios(records: Sequence[CaseRecord]) -> None:
+    """Each timed backend record's ``ratio_to_engine`` (and its interval) against its case's
+    engine peer (an MHA case's ``vllm-cpu``, an MLA case's ``vllm-cpu-mla``); ``None``
+    where no engine passed that case."""
+    timed: dict[tuple[str, int, str], CaseRecord] = {}
+    for name in reversed(ENGINE_PEERS):  # the first in ENGINE_PEERS wins a case
+        timed |= {
+            (r.workload, r.workload_version, r.case): r
+            for r in records
+            if r.backend == name and r.valid  # valid: passed and timed
+        }
+    run_engine = engine_in(records)
     for record in records:
-        if record.role != "backend" or record.backend == engine or record.metrics is None:
+        if record.role != "backend" or record.backend in ENGINE_PEERS or record.metrics is None:
             continue
         assert record.forward is not None  # metrics come from a forward timing
         theirs = timed.get((record.workload, record.workload_version, record.case))
+        engine = theirs.backend if theirs is not None else run_engine
         ratio = ratio_ci = None
         if theirs is not None:
             ours, engine_time = record.forward, theirs.forward

@@ -71,6 +71,7 @@ class AttentionWork:
     causal: bool = True
     sliding_window: int | None = None
     kv_element_bytes: int | None = None  # the cache's element size; None: ``element_bytes``
+    kv_lora_rank: int | None = None  # MLA: one latent row of head_dim per token, values its prefix
 
     def __post_init__(self) -> None:
         if len(self.query_lens) != len(self.seq_lens):
@@ -98,18 +99,33 @@ class AttentionWork:
         return sum(keys_seen(q, n, self.causal, self.sliding_window) for q, n in self.real_rows)
 
     @property
+    def value_dim(self) -> int:
+        """Entries of a value row and an output row (MLA: ``kv_lora_rank``)."""
+        return self.head_dim if self.kv_lora_rank is None else self.kv_lora_rank
+
+    @property
     def kv_bytes_per_token(self) -> int:
-        """One token's K and V in the cache."""
-        return 2 * self.num_kv_heads * self.head_dim * (self.kv_element_bytes or self.element_bytes)
+        """One token's K and V in the cache; for MLA its one latent row, which every head
+        reads as its key and, the first ``kv_lora_rank`` entries, as its value."""
+        rows = 1 if self.kv_lora_rank is not None else 2
+        return (
+            rows * self.num_kv_heads * self.head_dim * (self.kv_element_bytes or self.element_bytes)
+        )
 
     @property
     def flops(self) -> int:
-        return 4 * self.num_heads * self.head_dim * self.keys_seen
+        """Two per multiply-add: ``q.k`` over ``head_dim`` and ``p.v`` over the value's width."""
+        return 2 * self.num_heads * (self.head_dim + self.value_dim) * self.keys_seen
 
     @property
     def query_bytes(self) -> int:
-        """Q read; O written is the same size."""
+        """Q read."""
         return self.num_tokens * self.num_heads * self.head_dim * self.element_bytes
+
+    @property
+    def output_bytes(self) -> int:
+        """O written."""
+        return self.num_tokens * self.num_heads * self.value_dim * self.element_bytes
 
     @property
     def kv_read_bytes(self) -> int:
@@ -125,7 +141,7 @@ class AttentionWork:
 
     @property
     def bytes(self) -> int:
-        return 2 * self.query_bytes + self.kv_read_bytes + self.kv_write_bytes
+        return self.query_bytes + self.output_bytes + self.kv_read_bytes + self.kv_write_bytes
 
     @property
     def arithmetic_intensity(self) -> float:

@@ -59,7 +59,7 @@ class ContiguousPeer:
         s = inputs.scenario
         self.scale = s.softmax_scale
         self.gqa = s.num_heads != s.num_kv_heads
-        self.shape = tuple(inputs.queries[0].shape)
+        self.shape = inputs.output_shape(0)
         query = inputs.queries[0]
         by_shape: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (q, L) -> (row, start)
         start = 0

@@ -452,7 +452,7 @@ def run_benchmarks(
             ceilings,
             flusher,
             progress or (lambda done, total, label: None),
-            total=len(plan) * (len(backends) + 1),
+            total=sum(len(serving(backends, w)) + 1 for _, w, _ in plan),
         )
         runner.started, runner.dtypes = started, dtypes
         header = RunHeader(config, environment, threads, threads_source, overhead, flusher)
@@ -466,7 +466,7 @@ def run_benchmarks(
                     runner.flags.append(f"out of time: {len(plan) - len(done)} cases not started")
                     break
                 first = len(runner.records)
-                runner.run_case(workload, spec, backends)
+                runner.run_case(workload, spec, serving(backends, workload))
                 done[place] = runner.records[first:]
                 if keep is not None and len(done) < len(plan):
                     keep(record(in_order(), partial=True))
@@ -479,6 +479,12 @@ def run_benchmarks(
     if keep is not None and cases:
         keep(final)
     return final
+
+
+def serving(backends: Sequence[BackendEntry], workload: Workload) -> list[BackendEntry]:
+    """The backends of the attention ``workload`` times (MHA or MLA): another kind's are
+    not asked, not even to say UNSUPPORTED."""
+    return [b for b in backends if b.capabilities.kind == workload.attention]
 
 
 def _past(limit_s: float | None, started: float) -> bool:
@@ -566,9 +572,8 @@ def finish_run(records: Sequence[CaseRecord], ceilings: RunCeilings, flags: list
             None if peer is None else peer.forward,
         )
         record.flags = [f for f in record.flags if not f.startswith(MEASUREMENT_ERROR)] + own
-    engine = engine_in(records)
-    if engine is not None:
-        add_engine_ratios(records, engine)
+    if engine_in(records) is not None:
+        add_engine_ratios(records)
     rounds = len(ceilings.probes) if ceilings.used is ceilings.measured else 0
     for found in withhold(records, contradictions(records, ceilings.used)):
         flags.append(contradiction_flag(found, rounds))

@@ -239,11 +239,11 @@ def render(record: RunRecord) -> str:
     lines, one row per backend), about 100 columns wide; errors, flags, long
     backend specs and what each column means follow on lines below it.
     """
-    from harness.bench.engine_peer import engine_in
+    from harness.bench.engine_peer import engines_in
     from harness.bench.peer import PEER_NAME
 
     names = short_backend_names([c.backend for c in record.cases])
-    engine = engine_in(record.cases)
+    engine = "/".join(engines_in(record.cases))  # an MHA case's engine, an MLA case's
     header = [
         "workload / case / backend",
         "status",
@@ -273,7 +273,7 @@ def render(record: RunRecord) -> str:
         for flag in case.flags:
             notes.append(f"[{len(notes) + 1}] {where}: {flag}")
             numbers.append(len(notes))
-        rows.append(_row(case, names[case.backend], numbers, engine is not None))
+        rows.append(_row(case, names[case.backend], numbers, bool(engine)))
         if case.error and case.status != "PASSED":
             details.append(f"{case.status}: {where}: {case.error}")
     lines = [*aligned(rows), ""]
@@ -297,7 +297,7 @@ def render(record: RunRecord) -> str:
             f"its CI's width; prepare = median prepare time (host clock); roofline = share of "
             f"the binding ceiling (mem: bandwidth, cmp: compute); x peer = forward time / "
             f"{PEER_NAME} forward time (> 1: slower)"
-            + (f"; x {engine} = forward time / {engine}'s on the same pages" if engine else "")
+            + (f"; x {engine} = forward time / the engine's on the same pages" if engine else "")
             + "; a case that did not pass is not timed"
         )
     )

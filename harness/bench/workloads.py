@@ -51,6 +51,7 @@ class CaseSpec:
     kv_cache_dtype: str = "auto"
     k_scale: float = 1.0
     v_scale: float = 1.0
+    kv_lora_rank: int | None = None  # MLA: head_dim is the latent width, one KV head
 
     def __post_init__(self) -> None:
         _ = self.variant  # validates the variant fields
@@ -104,6 +105,7 @@ class CaseSpec:
             seed=self.seed,
             device=device,
             variant=self.variant,
+            kv_lora_rank=self.kv_lora_rank,
         )
 
     def work(self) -> AttentionWork:
@@ -118,6 +120,7 @@ class CaseSpec:
             causal=self.causal,
             sliding_window=self.sliding_window,
             kv_element_bytes=None if cache_dtype is None else cache_dtype.itemsize,
+            kv_lora_rank=self.kv_lora_rank,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -144,6 +147,7 @@ class Workload:
     description: str
     cpu: tuple[CaseSpec, ...]
     gpu: tuple[CaseSpec, ...]
+    attention: str = "mha"  # the kind of backend it times (``Capabilities.kind``)
 
     @property
     def key(self) -> str:
@@ -226,6 +230,11 @@ def _dp(global_seqs: int, context: int, **kw: Any) -> list[CaseSpec]:
             )
         )
     return cases
+
+
+MLA: dict[str, Any] = {"num_heads": 16, "num_kv_heads": 1, "head_dim": 576, "kv_lora_rank": 512}
+"""DeepSeek-V3's latent row (512 + 64) under the 16 heads a rank holds at TP 8 in its DP group."""
+MLA_GPU: dict[str, Any] = {**MLA, "num_heads": 128, **GPU}  # one DP rank serving all 128 heads
 
 
 def _mixed(decode: int, context: int, chunk: tuple[int, int], prompt: int, **kw: Any) -> CaseSpec:
@@ -359,6 +368,26 @@ def _build() -> dict[str, Workload]:
             ),
         ),
         Workload(
+            "mla-decode-sweep",
+            1,
+            "decode",
+            "MLA decode over DeepSeek-V3's latent cache (512 + 64, pages of 16): one latent row "
+            "per token read once for every head",
+            _seeded("mla-decode-sweep", _decode(4, (512, 1024, 2048, 4096), **MLA)),
+            _seeded("mla-decode-sweep", _decode(32, (1024, 4096, 8192, 16384), **MLA_GPU)),
+            attention="mla",
+        ),
+        Workload(
+            "mla-dp-scaling",
+            1,
+            "dp-scaling",
+            "one DP rank's share of a fixed global MLA decode batch as dp_size grows 1..8 "
+            "(DeepSeek-V3's latent cache, the layout DP attention exists for)",
+            _seeded("mla-dp-scaling", _dp(8, 1024, **MLA)),
+            _seeded("mla-dp-scaling", _dp(64, 4096, **MLA_GPU)),
+            attention="mla",
+        ),
+        Workload(
             "targets",
             1,
             "targets",
@@ -375,7 +404,7 @@ def _build() -> dict[str, Workload]:
 
 
 WORKLOADS: dict[str, Workload] = _build()
-OPTIONAL_WORKLOADS = ("targets", "variants", "spec-decode")
+OPTIONAL_WORKLOADS = ("targets", "variants", "spec-decode", "mla-decode-sweep", "mla-dp-scaling")
 DEFAULT_WORKLOADS: tuple[str, ...] = tuple(w for w in WORKLOADS if w not in OPTIONAL_WORKLOADS)
 """The five sweeps, at CPU size about a minute; the optional ones run when named."""
 

@@ -55,6 +55,8 @@ def _describe(entry: BackendEntry) -> dict[str, object]:
         "name": entry.name,
         "origin": entry.origin,
         "class": class_label(entry),
+        "kind": caps.kind,
+        "kv_lora_ranks": _any(caps.kv_lora_ranks),
         "dp_aware": entry.accepts_dp,
         "dtypes": [dtype_name(d) for d in caps.dtypes],
         "devices": list(caps.devices),
@@ -88,6 +90,7 @@ def _variants(caps: Any) -> list[str]:
 LIST_COLUMNS = {
     "name": "name",
     "origin": "origin",
+    "kind": "kind",
     "dp_aware": "dp-aware",
     "dtypes": "dtypes",
     "devices": "devices",
@@ -105,7 +108,7 @@ LIST_COLUMNS = {
 def _list_lines(described: list[dict[str, object]], width: int) -> list[str]:
     """The table when it fits ``width`` (cells wrapped); else one block per backend.
 
-    Twelve columns need 92 characters for the built-ins however their cells
+    Thirteen columns need 98 characters for the built-ins however their cells
     are wrapped; on a narrower terminal each backend gets its name on a line, then its
     ``heading value`` pairs packed into indented lines. Nothing is cut: the
     same values either way, as ``--json`` has them.

@@ -88,6 +88,7 @@ def probe_seconds(entry: BackendEntry, device: str) -> float:
     A backend that cannot run the probe gets 0: it is started last, and its
     conformance run says why it failed.
     """
+    from harness.numerics.latent import for_kind
     from harness.numerics.scenario import Scenario, backend_for, run_scenario
 
     scenario = Scenario(
@@ -99,6 +100,7 @@ def probe_seconds(entry: BackendEntry, device: str) -> float:
         query_lens=(1, 64),
         device=device,
     )
+    scenario = for_kind(entry.capabilities, scenario)
 
     def make(s: Scenario) -> Any:
         return backend_for(entry, s)

@@ -45,8 +45,15 @@ def bucket(value: int, buckets: Buckets) -> str:
     raise ValueError(f"{value} is in no bucket")
 
 
+MLA_HEAD_LABELS = ("MLA 1-16", "MLA 17+")
+"""An MLA step's heads: up to 16 query heads over the latent row (one tile), or more."""
+
+
 def heads_label(s: Any) -> str:
-    """MHA, MQA, or a GQA group of up to 8 or past it (kernels pack 8 query heads)."""
+    """MHA, MQA, or a GQA group of up to 8 or past it (kernels pack 8 query heads); an MLA
+    step's query heads up to 16 or past."""
+    if getattr(s, "kv_lora_rank", None) is not None:
+        return MLA_HEAD_LABELS[s.num_heads > 16]
     group = s.num_heads // s.num_kv_heads
     if group == 1:
         return "MHA"

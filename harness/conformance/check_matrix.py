@@ -24,6 +24,7 @@ from harness.core.dtypes import dtype_name
 from harness.core.errors import Unsupported, raised_at
 from harness.core.kv_pages import PoolLayout, pages_needed
 from harness.core.registry import BackendEntry
+from harness.numerics.latent import as_latent, latent_pairs
 from harness.numerics.scenario import (
     Scenario,
     backend_for,
@@ -66,6 +67,7 @@ class Coverage:
     dtypes: tuple[torch.dtype, ...]
     max_dp: int
     interpreted: bool = False  # the backend runs interpreted on the CPU: a lighter matrix
+    kv_lora_ranks: tuple[int, ...] = ()  # MLA: each head dim's (latent width's) value width
 
     @property
     def num_layers(self) -> int:
@@ -108,6 +110,10 @@ def quick_coverage(caps: Capabilities) -> Coverage:
     """
     page_sizes = claimed_page_sizes(caps, DEFAULT_PAGE_SIZES)
     head_dims = claimed_head_dims(caps, DEFAULT_HEAD_DIMS)
+    ranks: tuple[int, ...] = ()
+    if caps.kind == "mla":  # latent widths: a small one and an odd one, or the claim's
+        pairs = latent_pairs(caps)[:2]
+        head_dims, ranks = tuple(r + rope for r, rope in pairs), tuple(r for r, _ in pairs)
     interpreted = "cpu" in caps.interpreted_devices
     most_dp = 2 if interpreted else 3
     return Coverage(
@@ -116,6 +122,7 @@ def quick_coverage(caps: Capabilities) -> Coverage:
         dtypes=caps.dtypes_on("cpu"),
         max_dp=most_dp if caps.max_dp_size is None else min(most_dp, caps.max_dp_size),
         interpreted=interpreted,
+        kv_lora_ranks=ranks,
     )
 
 
@@ -128,6 +135,7 @@ def _total_pages(page_size: int, max_dp: int) -> int:
 def quick_scenarios(caps: Capabilities) -> Iterator[tuple[str, Scenario]]:
     """Named scenarios inside ``caps``, over every geometry of ``quick_coverage(caps)``."""
     coverage = quick_coverage(caps)
+    latent = dict(zip(coverage.head_dims, coverage.kv_lora_ranks, strict=False))
     for dtype in coverage.dtypes:
         for page_size, head_dim in coverage.geometries:
             base = Scenario(
@@ -141,6 +149,8 @@ def quick_scenarios(caps: Capabilities) -> Iterator[tuple[str, Scenario]]:
                 cache_layout=caps.cache_layouts[0],
                 **engine_conventions(caps),
             )
+            if head_dim in latent:
+                base = as_latent(base, latent[head_dim], head_dim - latent[head_dim])
             for batch, (contexts, queries) in BATCHES.items():
                 for dp_size in range(1, coverage.max_dp + 1):
                     for dp_rank in range(dp_size):

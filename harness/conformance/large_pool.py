@@ -21,6 +21,7 @@ import torch
 from harness.core.contract import Capabilities, LayerCache
 from harness.core.kv_pages import STALE_MAGNITUDE, PagePool
 from harness.numerics.canary import bits
+from harness.numerics.latent import for_kind, latent_pairs
 from harness.numerics.scenario import Scenario, StepInputs, engine_conventions, make_step_inputs
 
 INT32_ELEMENTS = 2**31
@@ -43,6 +44,8 @@ def large_pool_scenario(caps: Capabilities, device: str) -> Scenario | None:
         return None  # (an FP8-only claim is not tried here)
     dtype = min(caps.dtypes, key=lambda d: torch.empty((), dtype=d).element_size())
     head_dims = [d for d in (caps.head_dims or (128,)) if d <= 256]
+    if caps.kind == "mla":  # one latent head of a served model's width
+        head_dims = [sum(latent_pairs(caps, production=True)[0])]
     page_sizes = caps.page_sizes or (16,)
     if not head_dims or not page_sizes:
         return None
@@ -55,7 +58,7 @@ def large_pool_scenario(caps: Capabilities, device: str) -> Scenario | None:
         return None
     page_size = 16 if 16 in allowed else max(allowed)
     page_elements = page_size * head_dim  # one KV head
-    return Scenario(
+    step = Scenario(
         num_heads=2,
         num_kv_heads=1,
         head_dim=head_dim,
@@ -70,6 +73,7 @@ def large_pool_scenario(caps: Capabilities, device: str) -> Scenario | None:
         cache_layout=caps.cache_layouts[0],
         **engine_conventions(caps),
     )
+    return for_kind(caps, step, production=True)
 
 
 def tensor_bytes(s: Scenario) -> int:
@@ -127,7 +131,11 @@ def large_pool_caches(s: Scenario) -> list[LayerCache]:
         fmt = s.owned_format
         if fmt is None:
             key = torch.empty(shape, dtype=s.cache_dtype, device=s.device)
-            value = torch.empty(shape, dtype=s.cache_dtype, device=s.device)
+            value = (
+                key[..., : s.kv_lora_rank]  # MLA: the latent rows' prefix
+                if s.kv_lora_rank is not None
+                else torch.empty(shape, dtype=s.cache_dtype, device=s.device)
+            )
             cache = LayerCache(key=key, value=value, layout=s.cache_layout)
         else:
             tensors = fmt.allocate(
@@ -171,6 +179,7 @@ def changed_watched_slots(
     changed = []
     for cache, (key, value) in zip(inputs.caches, before, strict=True):
         now_k, now_v = bits(_watched(cache.key_nhd)), bits(_watched(cache.value_nhd))
-        rows = ((now_k != key) | (now_v != value)).flatten(1).any(-1).nonzero().flatten()
+        differs = (now_k != key).flatten(1).any(-1) | (now_v != value).flatten(1).any(-1)
+        rows = differs.nonzero().flatten()
         changed.append({first_slot + int(r) for r in rows.tolist()})
     return changed

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import zip_longest
 
@@ -28,6 +28,7 @@ import torch
 from harness.conformance.buckets import (
     CONTEXT_BUCKETS,
     HEAD_DIM_BUCKETS,
+    MLA_HEAD_LABELS,
     PAGE_BUCKETS,
     QUERY_BUCKETS,
     SEQUENCE_BUCKETS,
@@ -42,6 +43,7 @@ from harness.core.contract import Capabilities
 from harness.core.dtypes import dtype_name
 from harness.core.kv_pages import pages_needed
 from harness.core.variants import AttentionVariant, alibi_slopes_for
+from harness.numerics.latent import as_latent, latent_pairs
 from harness.numerics.scenario import Scenario, engine_conventions
 from harness.numerics.value_regimes import VALUE_REGIMES, regime_magnitude, regime_scale
 
@@ -57,6 +59,9 @@ FEATURES = ("plain", "window", "soft-cap", "sinks", "alibi", "fp8", "graph-padde
 """What a step adds beside plain causal attention, as the ``feature`` axis names it."""
 HEAD_LAYOUTS = {"MHA": (1, 1), "GQA 2-8": (2, 8), "GQA 9+": (2, 24), "MQA": (1, 32)}
 """KV heads and query heads a step takes for each head layout (``heads_label``)."""
+MLA_HEAD_LAYOUTS = dict(zip(MLA_HEAD_LABELS, ((1, 16), (1, 128)), strict=True))
+"""The same for an MLA backend: one latent head under 16 or 128 query heads."""
+ALL_HEAD_LAYOUTS = HEAD_LAYOUTS | MLA_HEAD_LAYOUTS
 WINDOW = 16
 SOFT_CAP = 30.0
 FP8_SCALE = 0.5
@@ -135,6 +140,8 @@ class _Axes:
     contexts: dict[str, int]
     features: tuple[str, ...]
     dtypes: tuple[torch.dtype, ...]
+    heads: tuple[str, ...] = tuple(HEAD_LAYOUTS)
+    latent: dict[int, int] = field(default_factory=dict)  # MLA: latent width -> kv_lora_rank
 
 
 def _first_in_each(values: Iterable[int], buckets: Buckets) -> dict[str, int]:
@@ -149,6 +156,11 @@ def _axes(caps: Capabilities, device: str) -> _Axes:
     dims = _first_in_each(
         claimed_head_dims(caps, (16, 13, 64, 80, 128, 192, 256)), HEAD_DIM_BUCKETS
     )
+    latent: dict[int, int] = {}
+    if caps.kind == "mla":  # latent widths, small and served models'
+        pairs = (*latent_pairs(caps), *latent_pairs(caps, production=True))
+        latent = {rank + rope: rank for rank, rope in pairs}
+        dims = _first_in_each(latent, HEAD_DIM_BUCKETS)
     longest = caps.max_seq_len or math.inf
     contexts = {name: low for name, low in CONTEXTS.items() if low <= longest}
     fp8 = [d for d in caps.kv_cache_dtypes if d != "auto"]
@@ -165,7 +177,9 @@ def _axes(caps: Capabilities, device: str) -> _Axes:
         )
         if on
     ]
-    return _Axes(pages, dims, contexts, tuple(features), caps.dtypes_on(device))
+    heads = tuple(MLA_HEAD_LAYOUTS if caps.kind == "mla" else HEAD_LAYOUTS)
+    dtypes = caps.dtypes_on(device)
+    return _Axes(pages, dims, contexts, tuple(features), dtypes, heads, latent)
 
 
 @dataclass
@@ -183,7 +197,7 @@ class _Step:
     values: str = "normal"
 
     def scenario(self, axes: _Axes, caps: Capabilities, seed: int, device: str) -> Scenario:
-        kv_heads, heads = HEAD_LAYOUTS[self.heads]
+        kv_heads, heads = ALL_HEAD_LAYOUTS[self.heads]
         length = _context_length(self.context, self.sequences)
         rows = SEQUENCES[self.sequences]
         query = min(QUERIES[self.query], length)
@@ -207,6 +221,8 @@ class _Step:
             seed=seed,
             device=device,
         )
+        if head_dim in axes.latent:
+            s = as_latent(s, axes.latent[head_dim], head_dim - axes.latent[head_dim])
         s = replace(s, variant=_variant(self.feature, caps, heads))
         if s.variant.quantized and not caps.allows_fp8_at(page):
             s = replace(s, page_size=caps.fp8_page_size(page))  # FP8 served from there up
@@ -219,7 +235,7 @@ class _Step:
 
     def cost(self, axes: _Axes) -> tuple[int, int]:
         """Cache elements of one K tensor and multiply-adds: the ``CostLimit`` measures."""
-        kv_heads, heads = HEAD_LAYOUTS[self.heads]
+        kv_heads, heads = ALL_HEAD_LAYOUTS[self.heads]
         length = _context_length(self.context, self.sequences)
         rows = SEQUENCES[self.sequences]
         page = axes.pages[self.page]
@@ -266,7 +282,8 @@ def _fits(step: _Step, axes: _Axes, limit: CostLimit) -> bool:
 
 
 def _cheapest(axes: _Axes) -> _Step:
-    return _Step(page=next(iter(axes.pages)), head_dim=next(iter(axes.head_dims)))
+    page, dim = next(iter(axes.pages)), next(iter(axes.head_dims))
+    return _Step(page=page, head_dim=dim, heads=axes.heads[0])
 
 
 def claimed_cells(
@@ -302,7 +319,7 @@ def claimed_cells(
         "page x context": shapes("page", axes.pages),
         "heads x head_dim": [
             cell(h, d)
-            for h in HEAD_LAYOUTS
+            for h in axes.heads
             for d in axes.head_dims
             if _fits(replace(base, heads=h, head_dim=d), axes, limit)
         ],

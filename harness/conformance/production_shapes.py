@@ -73,6 +73,7 @@ MODEL_GEOMETRIES = (
     HeadGeometry("Phi-2", 32, 32, 80),
 )
 
+
 MODEL_SCALES = (
     None,  # 1/sqrt(head_dim), most models
     None,

@@ -133,6 +133,8 @@ class RankSteps:
             shape = (row.query_len, g.num_kv_heads, g.head_dim)
             k = self._random(shape, g.magnitude, g.variant.k_scale)
             v = self._random(shape, fp8_scale=g.variant.v_scale, values=True)
+            if g.kv_lora_rank is not None:  # MLA: the value is the latent row's prefix
+                v = k[..., : g.kv_lora_rank]
             new_k.append(k)
             new_v.append(v)
             if row.seq_id is None:  # graph-mode padding: written nowhere, never checked
@@ -145,7 +147,9 @@ class RankSteps:
             seqs.append(SequenceKV(*hist[layer]))
         query = self._random((len(slots), g.num_heads, g.head_dim), g.magnitude)
         before = snapshot(self.caches) if self.watch is None else None
-        out = self.backend.forward(query, torch.cat(new_k), torch.cat(new_v), layer)
+        keys = torch.cat(new_k)
+        values = keys[..., : g.kv_lora_rank] if g.kv_lora_rank is not None else torch.cat(new_v)
+        out = self.backend.forward(query, keys, values, layer)
         where = f"{self.name}, step {self.steps + 1}, forward(layer {layer})"
         mapped = {s for s in slots if s != -1}
         for index, changed in enumerate(self._changes(layer, before)):

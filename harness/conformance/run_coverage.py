@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 def promised(run: ConformanceSession, entry: Any) -> list[Any]:
     """What the profile promises to reach inside ``entry``'s claim (nothing if it does not)."""
-    from harness.conformance.claim_coverage import requirements
+    from harness.conformance.coverage_promises import requirements
     from harness.conformance.large_pool import large_pool_scenario, unavailable_reason
 
     profile = run.profile_for(entry)

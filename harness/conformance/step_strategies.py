@@ -33,7 +33,8 @@ from harness.conformance.strategies import (
 )
 from harness.core.contract import Capabilities
 from harness.core.kv_pages import PoolLayout, dp_page_range, pages_needed
-from harness.numerics.scenario import PLANTED_LOGIT, Scenario, logit_offset_limit, logit_reach
+from harness.numerics.logit_shaping import PLANTED_LOGIT, logit_offset_limit, logit_reach
+from harness.numerics.scenario import Scenario
 from harness.numerics.value_regimes import VALUE_REGIMES, regime_magnitude, regime_scale
 
 SINGLE_RANK_ONE_IN = 8  # multi-rank draws that are one rank
@@ -83,7 +84,7 @@ def _served_heads(draw: st.DrawFn, caps: Capabilities, base: Scenario, budget: B
     them) the plain 1..8 draw rarely gives; sinks and ALiBi slopes are per
     head, so the variant is drawn again for the new head count.
     """
-    kv_heads = draw(balanced((1, 2)))  # plain draws stay small; the regime has 4 and 8 too
+    kv_heads = 1 if base.is_mla else draw(balanced((1, 2)))  # the regime has 4 and 8 too
     groups = [g for g in SPEC_GROUPS if kv_heads * g <= budget.max_heads] or [1]
     heads = kv_heads * draw(balanced(tuple(groups)))
     return with_variant(draw, caps, replace(base, num_heads=heads, num_kv_heads=kv_heads))
@@ -171,7 +172,7 @@ def _step_options(
         shuffle_pages=draw(st.booleans()),
         shared_prefix=shared_prefix,
         noncontiguous=draw(st.booleans()),
-        combined_kv=draw(st.booleans()) and base.owned_format is None,  # a format's own
+        combined_kv=draw(st.booleans()) and base.owned_format is None and not base.is_mla,
         planted_keys=_planted_keys(draw, caps, base),
         logit_offsets=_logit_offsets(draw, base, len(contexts), caps),
         seed=draw(st.integers(0, 2**16)),

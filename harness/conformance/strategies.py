@@ -51,7 +51,9 @@ from harness.conformance.production_shapes import (
 from harness.core.contract import VARIANT_FEATURES, Capabilities
 from harness.core.kv_pages import pages_needed
 from harness.core.variants import AttentionVariant, alibi_slopes_for
-from harness.numerics.scenario import Scenario, engine_conventions, logit_reach
+from harness.numerics.latent import MLA_MODEL_GEOMETRIES, as_latent, latent_pairs
+from harness.numerics.logit_shaping import logit_reach
+from harness.numerics.scenario import Scenario, engine_conventions
 
 T = TypeVar("T")
 PAGE_SIZES = (2, 1, 3, 4, 5, 7, 8, 16)  # first is where shrinking lands
@@ -192,9 +194,12 @@ def with_variant(
     logits could pass the bound is brought inside it (magnitude 1, the default
     scale) or, failing that, loses the cap.
     """
+    variant = draw(attention_variants(caps, scenario.num_heads, windows))
+    if scenario.is_mla and variant.quantized:  # one latent row, one scale
+        variant = replace(variant, v_scale=variant.k_scale)
     drawn = replace(
         scenario,
-        variant=draw(attention_variants(caps, scenario.num_heads, windows)),
+        variant=variant,
         cache_layout=(
             draw(st.sampled_from(caps.cache_layouts))
             if len(caps.cache_layouts) > 1
@@ -264,6 +269,23 @@ def _inside(
 
 
 @st.composite
+def latent_geometry(
+    draw: st.DrawFn, caps: Capabilities, scenario: Scenario, production: bool = False
+) -> Scenario:
+    """``scenario`` made MLA for a backend of kind ``mla`` (unchanged for another): one
+    latent head of a claimed ``(kv_lora_rank, rope_dim)``, served models' geometries in
+    production, one tensor per layer (no combined K/V); heads kept unless a model's drawn."""
+    if caps.kind != "mla":
+        return scenario
+    models = [m for m in MLA_MODEL_GEOMETRIES if caps.allows_latent(m.head_dim, m.kv_lora_rank)]
+    if production and models:
+        model = draw(st.sampled_from(models))
+        scenario = replace(scenario, num_heads=model.num_heads)
+        return as_latent(scenario, model.kv_lora_rank, model.rope_dim)
+    return as_latent(scenario, *draw(st.sampled_from(latent_pairs(caps))))
+
+
+@st.composite
 def geometries(
     draw: st.DrawFn, caps: Capabilities, budget: Budget = CI_BUDGET, device: str = "cpu"
 ) -> Scenario:
@@ -291,7 +313,7 @@ def geometries(
         device=device,
         **engine_conventions(caps),
     )
-    return with_variant(draw, caps, geometry)
+    return with_variant(draw, caps, draw(latent_geometry(caps, geometry)))
 
 
 def _context(draw: st.DrawFn, low: int, high: int, page_size: int) -> int:
@@ -398,6 +420,8 @@ def production_geometries(
         device=device,
         **engine_conventions(caps),
     )
+    model_heads = regime in ("head-geometry", "spec-decode", "split-kv", "query-tiles")
+    geometry = draw(latent_geometry(caps, geometry, production=model_heads))
     geometry = with_variant(draw, caps, geometry, PRODUCTION_WINDOWS)
     scaled = replace(geometry, scale=draw(balanced(MODEL_SCALES)))  # a served model's scale
     return scaled if logit_reach(scaled) <= soft_cap_room(caps, scaled) else geometry

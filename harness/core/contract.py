@@ -26,6 +26,10 @@ UNUSED_CACHE = ("any", "finite")
 ``any`` (the contract: garbage, NaN included; the suites fill it with NaN) or ``finite``
 (an engine that zero-fills its cache and writes finite K/V only: the suites fill it with
 large finite stale values, which still fail a kernel that reads them into an output)."""
+ATTENTION_KINDS = ("mha", "mla")
+"""The attention a backend serves (``Capabilities.kind``): ``mha`` (multi-head and grouped-query
+attention over per-head K/V pages) or ``mla`` (multi-head latent attention: one latent row per
+token shared by every query head; see ``LayerCache.latent``)."""
 PADDING_CONVENTIONS = ("empty", "one-token")
 """How graph-mode padding rows come (``Capabilities.padding_convention``): ``empty`` is the
 contract's (``seq_len`` 0, a block-table row of -1); ``one-token`` is vLLM's and SGLang's
@@ -49,6 +53,11 @@ class LayerCache:
     ``[num_pages, 2, page_size, num_kv_heads, head_dim]`` tensor), so a backend
     writes through the given tensors, never through a reshaped copy.
 
+    An MLA layer (a backend of kind ``mla``) is one latent cache
+    ``[num_pages, page_size, kv_lora_rank + rope_dim]`` (``latent``): ``key`` is it as
+    ``[num_pages, page_size, 1, kv_lora_rank + rope_dim]`` and ``value`` the view of its
+    first ``kv_lora_rank`` entries, the same memory, as SGLang's MLA pool passes it.
+
     A backend that owns its page format (``Capabilities.page_format``) gets
     caches whose ``layout`` is the format's name, whose ``storage`` is the
     engine's own tensor, and whose ``key``/``value`` are NHD views into it
@@ -71,6 +80,21 @@ class LayerCache:
     def value_nhd(self) -> torch.Tensor:
         """``value`` as ``[num_pages, page_size, num_kv_heads, head_dim]`` (a view)."""
         return self.value.transpose(1, 2) if self.layout == "HND" else self.value
+
+    @property
+    def latent(self) -> torch.Tensor:
+        """An MLA layer's latent cache ``[num_pages, page_size, kv_lora_rank + rope_dim]``
+        (a view of ``key``, whose one head it is)."""
+        if self.num_kv_heads != 1:
+            raise ValueError(
+                f"a latent cache has one head per token; this cache has {self.num_kv_heads}"
+            )
+        return self.key_nhd[:, :, 0]
+
+    @property
+    def value_dim(self) -> int:
+        """Entries per value row: ``head_dim``, or an MLA layer's ``kv_lora_rank``."""
+        return int(self.value.shape[3])
 
     @property
     def num_pages(self) -> int:
@@ -137,6 +161,10 @@ class Capabilities:
     """
 
     dtypes: tuple[torch.dtype, ...] = DEFAULT_DTYPES
+    # The attention served: "mha" (MHA/GQA) or "mla" (latent caches; for "mla", head_dims
+    # are latent widths kv_lora_rank + rope_dim and kv_lora_ranks the value widths claimed).
+    kind: str = "mha"
+    kv_lora_ranks: tuple[int, ...] | None = None
     devices: tuple[str, ...] = ("cpu",)
     page_sizes: tuple[int, ...] | None = None
     head_dims: tuple[int, ...] | None = None
@@ -216,6 +244,13 @@ class Capabilities:
                 "Capabilities(padding_convention=...) must be one of "
                 f"{', '.join(PADDING_CONVENTIONS)}, got {self.padding_convention!r}"
             )
+        if self.kind not in ATTENTION_KINDS:
+            raise ValueError(
+                f"Capabilities(kind=...) must be one of {', '.join(ATTENTION_KINDS)}, "
+                f"got {self.kind!r}"
+            )
+        if self.kv_lora_ranks is not None and self.kind != "mla":
+            raise ValueError("Capabilities(kv_lora_ranks=...) is a claim of kind 'mla' only")
         if self.padding_rows not in PADDING_ROWS:
             raise ValueError(
                 f"Capabilities(padding_rows=...) must be one of {', '.join(PADDING_ROWS)}, "
@@ -248,6 +283,12 @@ class Capabilities:
         listed = self.head_dims is None or head_dim in self.head_dims
         return listed and head_dim % self.head_dim_multiple == 0 and head_dim >= self.min_head_dim
 
+    def allows_latent(self, head_dim: int, kv_lora_rank: int) -> bool:
+        """Whether an MLA geometry (latent width ``head_dim``, value width ``kv_lora_rank``)
+        is claimed: a head dim allowed, and a rank listed (or any), below it."""
+        listed = self.kv_lora_ranks is None or kv_lora_rank in self.kv_lora_ranks
+        return listed and 0 < kv_lora_rank < head_dim and self.allows_head_dim(head_dim)
+
     def allows_variants(self, features: Iterable[str]) -> bool:
         """Whether the variant features on together (``VARIANT_FEATURES`` names) may combine."""
         on = set(features)
@@ -273,6 +314,7 @@ class Capabilities:
         out_buffer: bool = False,
         lse: bool = False,
         window: int | None = None,
+        kv_lora_rank: int | None = None,
     ) -> str | None:
         """Why a case lies outside this claim, or ``None`` when it is inside."""
         on_device = self.dtypes if device is None else self.dtypes_on(device)
@@ -286,6 +328,16 @@ class Capabilities:
             if on
         ]
         checks = [
+            (
+                (kv_lora_rank is not None) != (self.kind == "mla"),
+                "MLA attention" if kv_lora_rank is not None else "MHA attention (an MLA backend)",
+            ),
+            (
+                kv_lora_rank is not None
+                and head_dim is not None
+                and not self.allows_latent(head_dim, kv_lora_rank),
+                f"latent geometry kv_lora_rank {kv_lora_rank} of {head_dim}",
+            ),
             (dtype is not None and dtype not in self.dtypes, f"dtype {dtype}"),
             (device is not None and device not in self.devices, f"device {device!r}"),
             (

@@ -174,7 +174,7 @@ def fill_stale(cache: LayerCache, gen: torch.Generator) -> None:
 
     ``STALE_PAGES`` random pages repeat over the pool, so the fill costs a copy.
     """
-    for tensor in (cache.key_nhd, cache.value_nhd):
+    for tensor in (cache.key_nhd,) if is_latent(cache) else (cache.key_nhd, cache.value_nhd):
         pages = tensor.shape[0]
         distinct = min(pages, STALE_PAGES)
         stale = torch.randn((distinct, *tensor.shape[1:]), generator=gen) * STALE_MAGNITUDE
@@ -213,8 +213,12 @@ def make_layer_caches(
     combined_kv: bool = False,
     cache_layout: str = "NHD",
     page_format: PageFormat | None = None,
+    value_dim: int | None = None,
 ) -> list[LayerCache]:
     """Cache tensors for one rank in either layout, filled with ``fill``.
+
+    ``value_dim`` makes MLA latent caches: ``key`` is the latent cache with one head and
+    ``value`` the view of each row's first ``value_dim`` entries (one tensor per layer).
 
     The default NaN fill stands for the garbage a real engine leaves in
     unwritten memory: a backend that reads it produces NaN and fails.
@@ -233,6 +237,8 @@ def make_layer_caches(
         offset, held = page_range.start, len(page_range)
     inner = (num_kv_heads, page_size) if cache_layout == "HND" else (page_size, num_kv_heads)
     shape = (held, *inner, head_dim)
+    if value_dim is not None and (combined_kv or page_format is not None):
+        raise ValueError("an MLA latent cache is one tensor per layer: no combined K/V or format")
     if page_format is not None:
         return [
             _formatted_cache(page_format, shape, dtype, device, fill, offset, total_pages)
@@ -243,6 +249,9 @@ def make_layer_caches(
         if combined_kv:
             both = torch.full((held, 2, *shape[1:]), fill, dtype=dtype, device=device)
             key, value = both[:, 0], both[:, 1]
+        elif value_dim is not None:
+            key = torch.full(shape, fill, dtype=dtype, device=device)
+            value = key[..., :value_dim]
         else:
             key = torch.full(shape, fill, dtype=dtype, device=device)
             value = torch.full(shape, fill, dtype=dtype, device=device)
@@ -378,13 +387,20 @@ def write_tokens(
 ) -> None:
     """Store key/value rows at global slots (all slots must be held by ``cache``).
 
-    An FP8 cache stores ``key / k_scale`` and ``value / v_scale`` rounded to it.
+    An FP8 cache stores ``key / k_scale`` and ``value / v_scale`` rounded to it. An MLA
+    latent cache (whose value is a view of its key) gets the key, its latent rows, only.
     """
     rows = local_slots(cache, global_slots.to(device=cache.key.device, dtype=torch.long))
     if cache.key.dtype in FP8_DTYPES:
         key, value = key.float() / k_scale, value.float() / v_scale
     put_rows(cache.key_nhd, rows, key.to(cache.key.dtype))
-    put_rows(cache.value_nhd, rows, value.to(cache.value.dtype))
+    if not is_latent(cache):
+        put_rows(cache.value_nhd, rows, value.to(cache.value.dtype))
+
+
+def is_latent(cache: LayerCache) -> bool:
+    """Whether ``cache`` is an MLA latent cache: its value a narrower view of its key."""
+    return cache.value_dim < cache.head_dim and cache.value.data_ptr() == cache.key.data_ptr()
 
 
 def read_tokens(

@@ -4,6 +4,29 @@ Subclasses implement only the attention itself (``attend``, plus an optional
 ``plan_step`` run in ``prepare``), so the contract's rules live in one place.
 Both built-ins are written on it; backend authors import it from
 ``harness.backend_kit``.
+
+Devices: everything here is plain torch, so the claim is the class
+attribute ``devices`` (CPU and CUDA), and a subclass keeps it when it
+overrides ``capabilities()`` to narrow something else: an override
+returning ``Capabilities``' default devices (``("cpu",)``, whether left
+out or written) gets ``cls.devices`` filled in. To claim fewer devices,
+set ``devices = ("cpu",)`` on the subclass; any other ``devices`` an
+override returns (``("cuda",)``) is kept as it is.
+``dataclasses.replace(super().capabilities(), ...)`` keeps the claim too.
+
+Variants: the constructor takes every variant keyword, validates it
+(``self.variant``) and raises ``Unsupported`` for one the class's
+``capabilities()`` does not claim. ``forward`` stores new K/V quantized
+for an FP8 cache, ``sequences`` hands ``attend`` them dequantized, and
+``forward(..., out=)`` is handled here for every subclass.
+``forward_with_lse`` calls ``attend_with_lse``, which a subclass that
+claims ``lse`` implements.
+
+MLA: a subclass whose ``capabilities()`` says ``kind="mla"`` is built with
+``kv_lora_rank``; ``forward`` stores each new token's latent row once (the
+value is a view of it) and ``attend`` returns ``[T, num_heads, kv_lora_rank]``;
+``sequences`` yields the latent rows as the key and their first
+``kv_lora_rank`` entries as the value.
 """
 
 from __future__ import annotations
@@ -31,7 +54,13 @@ from harness.core.validate import (
     validate_layer_caches,
     validate_metadata,
 )
-from harness.core.variants import AttentionVariant, check_claimed, dequantize, quantize
+from harness.core.variants import (
+    AttentionVariant,
+    check_claimed,
+    check_latent_scales,
+    dequantize,
+    quantize,
+)
 
 
 @dataclass(frozen=True)
@@ -107,23 +136,7 @@ class PagedBackendBase:
     ``sequences`` to skip building per-sequence indices in ``prepare``.
     ``validate=False`` skips the per-step metadata and ownership checks
     (for timing); constructor and binding checks always run.
-
-    Devices: everything here is plain torch, so the claim is the class
-    attribute ``devices`` (CPU and CUDA), and a subclass keeps it when it
-    overrides ``capabilities()`` to narrow something else: an override
-    returning ``Capabilities``' default devices (``("cpu",)``, whether left
-    out or written) gets ``cls.devices`` filled in. To claim fewer devices,
-    set ``devices = ("cpu",)`` on the subclass; any other ``devices`` an
-    override returns (``("cuda",)``) is kept as it is.
-    ``dataclasses.replace(super().capabilities(), ...)`` keeps the claim too.
-
-    Variants: the constructor takes every variant keyword, validates it
-    (``self.variant``) and raises ``Unsupported`` for one the class's
-    ``capabilities()`` does not claim. ``forward`` stores new K/V quantized
-    for an FP8 cache, ``sequences`` hands ``attend`` them dequantized, and
-    ``forward(..., out=)`` is handled here for every subclass.
-    ``forward_with_lse`` calls ``attend_with_lse``, which a subclass that
-    claims ``lse`` implements.
+    See the module's docstring for devices, variants and MLA.
     """
 
     per_sequence_rows: bool = True
@@ -158,6 +171,7 @@ class PagedBackendBase:
         kv_cache_dtype: str = "auto",
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        kv_lora_rank: int | None = None,
     ) -> None:
         if type(self).attend is PagedBackendBase.attend:
             raise TypeError(
@@ -171,6 +185,7 @@ class PagedBackendBase:
             scale=scale,
             dp_size=dp_size,
             dp_rank=dp_rank,
+            kv_lora_rank=kv_lora_rank,
         )
         self.variant = AttentionVariant.from_kwargs(
             num_heads=num_heads,
@@ -182,7 +197,9 @@ class PagedBackendBase:
             k_scale=k_scale,
             v_scale=v_scale,
         )
-        check_claimed(self.variant, type(self).capabilities(), type(self).__name__)
+        check_claimed(self.variant, type(self).capabilities(), type(self).__name__, kv_lora_rank)
+        check_latent_scales(self.variant, kv_lora_rank)
+        self.kv_lora_rank = kv_lora_rank
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -197,7 +214,10 @@ class PagedBackendBase:
 
     def bind_kv_caches(self, layer_caches: list[LayerCache]) -> None:
         geometry = validate_layer_caches(
-            layer_caches, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim
+            layer_caches,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            value_dim=self.kv_lora_rank,
         )
         _check_storage(geometry, self.variant, type(self))
         self._page_range = check_rank_is_bound(geometry, self.dp_size, self.dp_rank)
@@ -295,9 +315,10 @@ class PagedBackendBase:
             head_dim=self.head_dim,
             num_tokens=len(step.checked.slots),
             geometry=geometry,
+            value_dim=self.kv_lora_rank,
         )
         if out is not None:
-            _check_out_buffer(out, query)
+            _check_out_buffer(out, (*query.shape[:2], self.value_dim), query)
         cache = self._caches[layer_idx]
         if step.write_tokens.numel():
             self.store(cache, step, key, value)
@@ -314,12 +335,15 @@ class PagedBackendBase:
         """
         # through the bound tensors themselves: they may be views of an engine's buffer
         new_k = key.index_select(0, step.write_tokens)
-        new_v = value.index_select(0, step.write_tokens)
         stored = self.variant.cache_dtype
         if stored is not None:
             new_k = quantize(new_k, self.variant.k_scale, stored)
-            new_v = quantize(new_v, self.variant.v_scale, stored)
         put_rows(cache.key_nhd, step.write_rows, new_k)
+        if self.kv_lora_rank is not None:
+            return  # MLA: one latent row per token; the value is a view of it
+        new_v = value.index_select(0, step.write_tokens)
+        if stored is not None:
+            new_v = quantize(new_v, self.variant.v_scale, stored)
         put_rows(cache.value_nhd, step.write_rows, new_v)
 
     @classmethod
@@ -353,6 +377,11 @@ class PagedBackendBase:
         raise Unsupported(f"{type(self).__name__} does not compute the log-sum-exp")
 
     # -- helpers ----------------------------------------------------------
+
+    @property
+    def value_dim(self) -> int:
+        """Width of a value row and of the output: ``head_dim``, or MLA's ``kv_lora_rank``."""
+        return self.head_dim if self.kv_lora_rank is None else self.kv_lora_rank
 
     def _require_bound(self) -> CacheGeometry:
         if self._geometry is None:
@@ -401,12 +430,12 @@ class PagedBackendBase:
         return [slot - base for slot in token_slots(pages, range(length), geometry.page_size)]
 
 
-def _check_out_buffer(out: object, query: torch.Tensor) -> None:
+def _check_out_buffer(out: object, shape: tuple[int, ...], query: torch.Tensor) -> None:
     """``out=`` must be a tensor of the output's shape, dtype and device (strides are free)."""
     if not isinstance(out, torch.Tensor):
         raise ValueError(f"out must be a torch.Tensor, got {type(out).__name__}")
-    if out.shape != query.shape or out.dtype != query.dtype or out.device != query.device:
+    if tuple(out.shape) != shape or out.dtype != query.dtype or out.device != query.device:
         raise ValueError(
             f"out is {tuple(out.shape)} {out.dtype} on {out.device}; the output is "
-            f"{tuple(query.shape)} {query.dtype} on {query.device}"
+            f"{shape} {query.dtype} on {query.device}"
         )

@@ -62,10 +62,14 @@ class HeadConfig:
     num_kv_heads: int
     head_dim: int
     scale: float
+    kv_lora_rank: int | None = None  # MLA only: the value width of a latent row
 
     def kwargs(self) -> dict[str, Any]:
-        """As constructor keywords: ``cls(**heads.kwargs())``."""
-        return dataclasses.asdict(self)
+        """As constructor keywords: ``cls(**heads.kwargs())``; ``kv_lora_rank`` only for MLA."""
+        values = dataclasses.asdict(self)
+        if self.kv_lora_rank is None:
+            del values["kv_lora_rank"]
+        return values
 
 
 @dataclass(frozen=True)

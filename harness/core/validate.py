@@ -35,8 +35,13 @@ def validate_backend_args(
     scale: object,
     dp_size: object = 1,
     dp_rank: object = 0,
+    kv_lora_rank: object = None,
 ) -> None:
-    """Reject bad constructor arguments with a ``ValueError`` naming the field."""
+    """Reject bad constructor arguments with a ``ValueError`` naming the field.
+
+    ``kv_lora_rank`` (MLA) must lie in ``[1, head_dim)`` with one KV head: the latent
+    row's first ``kv_lora_rank`` entries are its value, the rest its rope part.
+    """
     for name, value in (
         ("num_heads", num_heads),
         ("num_kv_heads", num_kv_heads),
@@ -57,6 +62,16 @@ def validate_backend_args(
     if not finite or scale <= 0:  # type: ignore[operator]
         raise ValueError(f"scale must be a finite positive float, got {scale!r}")
     validate_dp_config(dp_size, dp_rank)
+    if kv_lora_rank is not None:
+        assert isinstance(head_dim, int)
+        if not _is_int(kv_lora_rank) or not 0 < kv_lora_rank < head_dim:  # type: ignore[operator]
+            raise ValueError(
+                f"kv_lora_rank must be an int in [1, head_dim={head_dim}), got {kv_lora_rank!r}"
+            )
+        if num_kv_heads != 1:
+            raise ValueError(
+                f"num_kv_heads must be 1 for MLA (one latent row per token), got {num_kv_heads}"
+            )
 
 
 def validate_dp_config(dp_size: object, dp_rank: object) -> None:
@@ -86,9 +101,12 @@ class CacheGeometry:
 
 
 def validate_layer_caches(
-    layer_caches: object, *, num_kv_heads: int, head_dim: int
+    layer_caches: object, *, num_kv_heads: int, head_dim: int, value_dim: int | None = None
 ) -> CacheGeometry:
     """Check that all layers share one geometry matching the backend's heads.
+
+    ``value_dim`` (default ``head_dim``) is the value rows' width: an MLA
+    backend's ``kv_lora_rank``, whose value is a view of the latent cache.
 
     Strided views are accepted (an engine passes the halves of one
     ``[pages, 2, page_size, KV, D]`` tensor), so backends write through the
@@ -108,10 +126,10 @@ def validate_layer_caches(
                     f"{where}.{name} must be a 4-D tensor "
                     "[num_pages, page_size, num_kv_heads, head_dim]"
                 )
-        if cache.key.shape != cache.value.shape:
+        if cache.key.shape[:3] != cache.value.shape[:3]:
             raise CacheBindingError(
-                f"{where}: key shape {tuple(cache.key.shape)} != "
-                f"value shape {tuple(cache.value.shape)}"
+                f"{where}: key shape {tuple(cache.key.shape)} and "
+                f"value shape {tuple(cache.value.shape)} differ before head_dim"
             )
         if cache.key.dtype != cache.value.dtype or cache.key.device != cache.value.device:
             raise CacheBindingError(f"{where}: key and value differ in dtype or device")
@@ -138,6 +156,18 @@ def validate_layer_caches(
         if cache.head_dim != head_dim:
             raise CacheBindingError(
                 f"{where}: head_dim is {cache.head_dim} in the cache, {head_dim} in the backend"
+            )
+        wanted_value = head_dim if value_dim is None else value_dim
+        if cache.value_dim != wanted_value:
+            raise CacheBindingError(
+                f"{where}: value rows are {cache.value_dim} wide in the cache, "
+                f"{wanted_value} in the backend"
+                + (" (its kv_lora_rank)" if value_dim is not None else "")
+            )
+        if value_dim is not None and not _is_latent_prefix(cache):
+            raise CacheBindingError(
+                f"{where}: an MLA layer's value must be the view key[..., :kv_lora_rank] of "
+                "its latent cache (the same memory), not a tensor of its own"
             )
         if cache.num_pages < 1 or cache.page_size < 1:
             raise CacheBindingError(f"{where}: needs at least one page of at least one token")
@@ -175,6 +205,16 @@ def validate_layer_caches(
         dtype=first.key.dtype,
         device=first.key.device,
         layout=first.layout,
+    )
+
+
+def _is_latent_prefix(cache: LayerCache) -> bool:
+    """Whether ``cache.value`` is the first entries of each ``cache.key`` row, in place."""
+    key, value = cache.key, cache.value
+    return (
+        value.untyped_storage().data_ptr() == key.untyped_storage().data_ptr()
+        and value.storage_offset() == key.storage_offset()
+        and value.stride() == key.stride()
     )
 
 
@@ -428,12 +468,14 @@ def validate_forward_inputs(
     head_dim: int,
     num_tokens: int,
     geometry: CacheGeometry,
+    value_dim: int | None = None,
 ) -> None:
-    """Check ``forward``'s tensors against the bound cache and the prepared step."""
+    """Check ``forward``'s tensors against the bound cache and the prepared step
+    (``value_dim``: an MLA backend's ``kv_lora_rank``)."""
     expect = {
         "query": (num_tokens, num_heads, head_dim),
         "key": (num_tokens, num_kv_heads, head_dim),
-        "value": (num_tokens, num_kv_heads, head_dim),
+        "value": (num_tokens, num_kv_heads, head_dim if value_dim is None else value_dim),
     }
     quantized = geometry.dtype in FP8_DTYPES  # the model dtype is the query's, not the cache's
     model_dtype = query.dtype if quantized and isinstance(query, torch.Tensor) else geometry.dtype

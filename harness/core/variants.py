@@ -180,11 +180,23 @@ PLAIN = AttentionVariant()
 """Plain causal attention: no variant on."""
 
 
-def check_claimed(variant: AttentionVariant, caps: Any, backend: str) -> None:
-    """``Unsupported`` when ``variant`` asks for something ``caps`` does not claim."""
-    reason = caps.unsupported_reason(**variant.claim())
+def check_claimed(
+    variant: AttentionVariant, caps: Any, backend: str, kv_lora_rank: int | None = None
+) -> None:
+    """``Unsupported`` when ``variant`` (or the attention kind: MLA when ``kv_lora_rank`` is
+    given) asks for something ``caps`` does not claim."""
+    reason = caps.unsupported_reason(kv_lora_rank=kv_lora_rank, **variant.claim())
     if reason is not None:
         raise Unsupported(f"{backend}: {reason} (not in its capabilities())")
+
+
+def check_latent_scales(variant: AttentionVariant, kv_lora_rank: int | None) -> None:
+    """An MLA latent row is one FP8 tensor with one scale: ``k_scale`` must equal ``v_scale``."""
+    if kv_lora_rank is not None and variant.quantized and variant.k_scale != variant.v_scale:
+        raise ValueError(
+            f"an MLA latent cache has one scale: k_scale {variant.k_scale} != "
+            f"v_scale {variant.v_scale}"
+        )
 
 
 # -- the cache's storage: what a backend writes and what it reads --------------------

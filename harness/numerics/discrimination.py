@@ -1,6 +1,6 @@
 """Evidence that the dtype bound discriminates: correct computations pass, real bugs fail.
 
-Two tables, one builder. At production sizes (H=32, KV=8, D=128, contexts of
+Three tables, one builder. At production sizes (H=32, KV=8, D=128, contexts of
 1k-4k) in bf16, fp16 and fp32, each case is compared with the float64 oracle
 under ``harness.numerics.tolerance``'s bound, and the worst ratio (error /
 bound; above 1 fails) is tabled.
@@ -19,6 +19,13 @@ bound; above 1 fails) is tabled.
 
     python -m harness.numerics.discrimination             # both tables (about 1.5 min)
     python -m harness.numerics.discrimination --variants  # the variant table only
+    python -m harness.numerics.discrimination --mla       # the MLA table only
+
+* MLA (``MLA_SIZES``: DeepSeek-V3's 512 + 64 latent row under 16 heads, its
+  scale ``1/sqrt(192)``): the emulated kernel, ``reference-mla`` and
+  ``compiled-mla``; the bugs are an all-zeros output, the rope part dropped
+  from the logits, the key's rope part read one block early, the scale of the
+  latent width (``1/sqrt(576)``), one skipped page and one dropped key.
 """
 
 from __future__ import annotations
@@ -197,7 +204,7 @@ def flash_style(
     s = inputs.scenario
     v_ = s.variant
     query, dtype = inputs.queries[0], s.dtype
-    out = torch.zeros_like(query)
+    out = query.new_zeros(inputs.output_shape(0))
     group = s.num_heads // s.num_kv_heads
     power = bug.kv_scale_power - 1.0  # the read's extra factor on top of the right one
     for rows, seq in _rows(inputs):
@@ -210,7 +217,7 @@ def flash_style(
         position = torch.arange(length - q_len, length)[:, None]
         parts, lses = [], []
         for split in range(0, length, SPLIT):
-            acc = torch.zeros(q.shape[0], q_len, q.shape[2])
+            acc = torch.zeros(q.shape[0], q_len, v.shape[2])
             m = torch.full((q.shape[0], q_len, 1), float("-inf"))
             total = torch.zeros(q.shape[0], q_len, 1)
             for block in range(split, min(split + SPLIT, length), BLOCK):
@@ -294,6 +301,42 @@ def variant(
     return out
 
 
+def latent_bug(
+    inputs: StepInputs,
+    *,
+    rope: str = "right",
+    scale: float | None = None,
+    keep: Callable[[int, int], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """MLA attention in fp32 from the dtype's inputs with one of MLA kernels' own bugs.
+
+    ``rope="dropped"`` forms logits from the ``kv_lora_rank`` entries alone;
+    ``"shifted"`` reads the key's rope part from the ``rope_dim`` entries before
+    where it lies (an offset off by one block); ``scale`` replaces the given softmax
+    scale (``1 / sqrt(head_dim)`` of the latent width instead of the model's).
+    """
+    s = inputs.scenario
+    assert s.kv_lora_rank is not None
+    rank, rope_dim = s.kv_lora_rank, s.head_dim - s.kv_lora_rank
+    query = inputs.queries[0]
+    out = query.new_zeros(inputs.output_shape(0))
+    for rows, seq in _rows(inputs):
+        q = query[rows].float().transpose(0, 1)  # [H, q, rank + rope]
+        k = seq.key.float()[:, 0]  # [L, rank + rope]
+        if rope == "dropped":
+            q, k = q[..., :rank], k[:, :rank]
+        elif rope == "shifted":
+            k = torch.cat([k[:, :rank], k[:, rank - rope_dim : rank]], dim=-1)
+        logits = (q @ k.T) * (s.softmax_scale if scale is None else scale)
+        q_len, length = q.shape[1], k.shape[0]
+        visible = torch.arange(length)[None, :] <= torch.arange(length - q_len, length)[:, None]
+        if keep is not None:
+            visible = visible & keep(length, s.page_size)[None, :]
+        probs = logits.masked_fill(~visible, float("-inf")).softmax(-1)
+        out[rows] = (probs @ seq.value.float()[:, 0]).transpose(0, 1).to(query.dtype)
+    return out
+
+
 def _builtin(name: str) -> Attention:
     def run(inputs: StepInputs) -> torch.Tensor:
         backend = backend_for(default_registry().entry(name), inputs.scenario)
@@ -360,6 +403,51 @@ VARIANT_BUGS: dict[str, tuple[Attention, Callable[[AttentionVariant], bool]]] = 
         lambda i: flash_style(i, Bug(kv_scale_power=-1.0)),
         lambda v: v.quantized,
     ),
+}
+
+
+MLA_SIZES = (
+    Size("decode 4x1024", (1024,) * 4, (1,) * 4),
+    Size("decode 4x4096", (4096,) * 4, (1,) * 4),
+    Size("spec-decode q=4/2048 x2", (2048,) * 2, (4,) * 2),
+)
+MLA_HEADS, KV_LORA_RANK, ROPE_DIM = 16, 512, 64  # DeepSeek-V3's latent row, 16 heads a rank
+MLA_SCALE = 192**-0.5  # DeepSeek's: 1 / sqrt(qk_nope 128 + qk_rope 64), not of the latent 576
+
+
+def mla_scenario_for(size: Size, dtype: torch.dtype, seed: int = 0) -> Scenario:
+    return Scenario(
+        num_heads=MLA_HEADS,
+        num_kv_heads=1,
+        head_dim=KV_LORA_RANK + ROPE_DIM,
+        kv_lora_rank=KV_LORA_RANK,
+        scale=MLA_SCALE,
+        page_size=PAGE,
+        num_layers=1,
+        total_pages=sum(pages_needed(c, PAGE) for c in size.context_lens) + 1,
+        context_lens=size.context_lens,
+        query_lens=size.query_lens,
+        dtype=dtype,
+        seed=seed,
+    )
+
+
+def mla_inputs_for(size: Size, dtype: torch.dtype, seed: int = 0) -> StepInputs:
+    return make_step_inputs(mla_scenario_for(size, dtype, seed))
+
+
+MLA_CORRECT: dict[str, Attention] = {
+    "flash-style": flash_style,
+    "reference-mla": _builtin("reference-mla"),
+    "compiled-mla": _builtin("compiled-mla"),
+}
+MLA_BUGS: dict[str, Attention] = {
+    "all zeros": lambda i: torch.zeros(i.output_shape(0), dtype=i.scenario.dtype),
+    "rope part dropped": lambda i: latent_bug(i, rope="dropped"),
+    "rope read one block early": lambda i: latent_bug(i, rope="shifted"),
+    "scale of the latent width": lambda i: latent_bug(i, scale=(KV_LORA_RANK + ROPE_DIM) ** -0.5),
+    "one page skipped": lambda i: latent_bug(i, keep=_skip_middle_page),
+    "last key dropped": lambda i: latent_bug(i, keep=_drop_last_key),
 }
 
 
@@ -431,6 +519,19 @@ def variant_table(
     )
 
 
+def mla_table(
+    sizes: Sequence[Size] = MLA_SIZES, dtypes: Sequence[torch.dtype] = DTYPES, seed: int = 0
+) -> Ratios:
+    """The MLA table: correct latent computations and MLA kernels' bugs, DeepSeek's geometry."""
+    return measure(
+        (
+            (size.name, partial(mla_inputs_for, size, seed=seed), MLA_CORRECT | MLA_BUGS)
+            for size in sizes
+        ),
+        dtypes,
+    )
+
+
 def format_table(results: Ratios) -> str:
     """Computations across, one Markdown row per (case, dtype) in the order measured."""
     rows = list(dict.fromkeys((case, dtype) for _, dtype, case in results))
@@ -457,8 +558,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     only = parser.add_mutually_exclusive_group()
     only.add_argument("--plain", action="store_true", help="the plain-attention table only")
     only.add_argument("--variants", action="store_true", help="the variant table only")
+    only.add_argument("--mla", action="store_true", help="the MLA table only")
     args = parser.parse_args(argv)
     print("worst error / bound (fails above 1; '-' = not applicable or not claimed)")
+    if args.mla:
+        results = mla_table()
+        print(f"\nMLA:\n{format_table(results)}\n{summary(results, MLA_CORRECT)}")
+        return
     if not args.variants:
         results = table()
         print(f"\nplain attention:\n{format_table(results)}\n{summary(results, CORRECT)}")

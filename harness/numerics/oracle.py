@@ -31,7 +31,11 @@ from harness.core.variants import PLAIN, AttentionVariant
 
 @dataclass(frozen=True)
 class SequenceKV:
-    """All ``L`` cached tokens of one sequence, contiguous ``[L, num_kv_heads, head_dim]``."""
+    """All ``L`` cached tokens of one sequence, contiguous ``[L, num_kv_heads, head_dim]``.
+
+    For MLA the key is the latent rows ``[L, 1, kv_lora_rank + rope_dim]`` and the
+    value their first ``kv_lora_rank`` entries: the same formula, values narrower.
+    """
 
     key: torch.Tensor
     value: torch.Tensor
@@ -65,6 +69,12 @@ class OracleOutput:
     checked: torch.Tensor
     lse: torch.Tensor | None = None  # [T, H]: ln of the softmax's denominator (sink included)
     visible_keys: torch.Tensor | None = None  # [T, H] float64; None: counted as one key
+    logit_terms: int | None = None  # products in one logit (the key's width); None: output's
+
+    @property
+    def dot_length(self) -> int:
+        """How many products a logit sums: the key's width (MLA: wider than the output)."""
+        return self.logit_terms if self.logit_terms is not None else int(self.output.shape[-1])
 
     @property
     def output_norm(self) -> torch.Tensor:
@@ -89,6 +99,12 @@ def visible_mask(
         if not causal:
             visible = visible & (keys < positions + window)
     return visible
+
+
+def output_dim(query: torch.Tensor, sequences: Sequence[SequenceKV | None]) -> int:
+    """The width of an output row: the values' (MLA: ``kv_lora_rank``), else the query's."""
+    first = next((seq for seq in sequences if seq is not None), None)
+    return int(first.value.shape[-1]) if first is not None else int(query.shape[-1])
 
 
 def _per_row(values: tuple[float, ...], row: _GroupedRow) -> torch.Tensor:
@@ -252,8 +268,8 @@ def oracle_attention(
     ``logit_scale`` also counts what a variant adds to a logit's size in fp32
     (the soft-cap's ``cap``, the largest ALiBi bias, the sink's ``|s|``).
     """
-    num_tokens, num_heads, head_dim = query.shape
-    out = torch.zeros(num_tokens, num_heads, head_dim, dtype=torch.float64)
+    num_tokens, num_heads, _ = query.shape
+    out = torch.zeros(num_tokens, num_heads, output_dim(query, sequences), dtype=torch.float64)
     value_scale = torch.zeros(num_tokens, num_heads, dtype=torch.float64)
     logit_scale = torch.zeros(num_tokens, num_heads, dtype=torch.float64)
     rounding_scale = torch.zeros(num_tokens, num_heads, dtype=torch.float64)
@@ -282,7 +298,16 @@ def oracle_attention(
         rounding_scale[rows] = _ungrouped((probs.square() @ norms.square().mT).sqrt()[..., 0], row)
         visible_keys[rows] = _ungrouped((~hidden).sum(-1).double().expand(k.shape[0], -1), row)
         checked[rows] = True
-    return OracleOutput(out, value_scale, logit_scale, rounding_scale, checked, lse, visible_keys)
+    return OracleOutput(
+        out,
+        value_scale,
+        logit_scale,
+        rounding_scale,
+        checked,
+        lse,
+        visible_keys,
+        logit_terms=int(query.shape[-1]),
+    )
 
 
 def naive_attention(
@@ -302,8 +327,8 @@ def naive_attention(
     oracle is the yardstick of what the dtype's precision allows.
     """
     dtype = query.dtype
-    num_tokens, num_heads, head_dim = query.shape
-    out = torch.zeros(num_tokens, num_heads, head_dim, dtype=dtype)
+    num_tokens, num_heads, _ = query.shape
+    out = torch.zeros(num_tokens, num_heads, output_dim(query, sequences), dtype=dtype)
     for row in _grouped_rows(query, sequences, query_lens, causal, dtype, variant.sliding_window):
         logits, sinks = variant_logits(row, scale, variant, torch.float32)
         probs, _ = softmax_with_sink(logits, sinks)

@@ -37,9 +37,16 @@ from harness.core.registry import (
 )
 from harness.core.variants import PLAIN, AttentionVariant
 from harness.numerics.cache_readback import stored_sequences, write_problem
+from harness.numerics.logit_shaping import (
+    fp8_limit,
+    offset_key_component,
+    offset_queries,
+    plant_keys,
+    query_lean,
+)
 from harness.numerics.oracle import OracleOutput, SequenceKV, references
 from harness.numerics.tolerance import Comparison, compare
-from harness.numerics.value_regimes import RegimeChannels, regime_logit_reach
+from harness.numerics.value_regimes import RegimeChannels
 
 MAX_ROWS_SHOWN = 8
 """Rows ``Scenario.describe`` writes out; past it, the first four, the last two and a count."""
@@ -84,6 +91,17 @@ class Scenario:
     cache_layout: str = "NHD"  # or "HND": [pages, kv_heads, page_size, head_dim]
     page_format: PageFormat | None = None  # the backend's own (its name is cache_layout)
     unused_cache: str = "any"  # "finite": unused memory holds stale finite values, not NaN
+    kv_lora_rank: int | None = None  # MLA: head_dim is the latent width, values its first this
+
+    @property
+    def is_mla(self) -> bool:
+        """Whether the step is MLA: one latent cache, each value a prefix of its key row."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def value_dim(self) -> int:
+        """Width of a value row and of an output row."""
+        return self.head_dim if self.kv_lora_rank is None else self.kv_lora_rank
 
     @property
     def cache_dtype(self) -> torch.dtype:
@@ -141,6 +159,9 @@ class Scenario:
             extras.append("logit_offsets=" + ",".join(f"{o:g}" for o in self.logit_offsets))
         if self.cache_layout != "NHD":
             extras.append(self.cache_layout)
+        if self.kv_lora_rank is not None:
+            rope = self.head_dim - self.kv_lora_rank
+            extras.append(f"MLA kv_lora_rank={self.kv_lora_rank} rope={rope}")
         if not self.variant.is_plain:
             extras.append(self.variant.describe())
         return (
@@ -216,13 +237,19 @@ class StepInputs:
             self.caches[layer], slots, self.keys[layer], self.values[layer], s.variant
         )
 
+    def output_shape(self, layer: int) -> tuple[int, int, int]:
+        """What ``forward`` returns for ``layer``: ``[T, num_heads, value_dim]``."""
+        return (*self.queries[layer].shape[:2], self.scenario.value_dim)
+
     def forward_args(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``forward``'s query/key/value for ``layer``: strided views if the scenario says so."""
         tensors = (self.queries[layer], self.keys[layer], self.values[layer])
-        if not self.scenario.noncontiguous:
-            return tensors
-        q, k, v = (strided_copy(t) for t in tensors)
-        return q, k, v
+        if self.scenario.noncontiguous:
+            tensors = tuple(strided_copy(t) for t in tensors)  # type: ignore[assignment]
+        rank = self.scenario.kv_lora_rank
+        if rank is not None:  # MLA: the value is the key's first entries, as engines pass it
+            return tensors[0], tensors[1], tensors[1][..., :rank]
+        return tensors
 
 
 def strided_copy(tensor: torch.Tensor) -> torch.Tensor:
@@ -248,16 +275,6 @@ def _random(
     if regime is not None:
         data = regime(data)
     return data.to(device=scenario.device, dtype=scenario.dtype)
-
-
-FP8_HEADROOM = 0.9
-"""K/V of an FP8 scenario stay within this fraction of the FP8 range times the scale."""
-
-
-def fp8_limit(variant: AttentionVariant, scale: float) -> float:
-    """The largest magnitude an FP8 cache holds for values stored as ``value / scale``."""
-    assert variant.cache_dtype is not None
-    return FP8_HEADROOM * torch.finfo(variant.cache_dtype).max * scale
 
 
 def fit_fp8(tensor: torch.Tensor, scale: float, variant: AttentionVariant) -> torch.Tensor:
@@ -342,6 +359,7 @@ def scenario_caches(scenario: Scenario, **overrides: Any) -> list[LayerCache]:
         page_format=s.page_format
         if s.page_format and s.cache_layout == s.page_format.name
         else None,
+        value_dim=s.kv_lora_rank,
     )
     caches = make_layer_caches(**(args | overrides))
     if s.unused_cache == "finite":
@@ -357,7 +375,11 @@ def scenario_caches(scenario: Scenario, **overrides: Any) -> list[LayerCache]:
 def backend_for(entry: BackendEntry, scenario: Scenario, **kwargs: Any) -> Any:
     """A new instance of ``entry`` for the scenario's heads, scale and DP rank."""
     heads = HeadConfig(
-        scenario.num_heads, scenario.num_kv_heads, scenario.head_dim, scenario.softmax_scale
+        scenario.num_heads,
+        scenario.num_kv_heads,
+        scenario.head_dim,
+        scenario.softmax_scale,
+        scenario.kv_lora_rank,
     )
     return instantiate_backend(
         entry.cls,
@@ -396,6 +418,9 @@ def make_step_inputs(
             k = _random(gen, shape, s, s.magnitude, regime.queries_and_keys)
             v = _random(gen, shape, s, 1.0, regime.values)
             v = fit_fp8(v, s.variant.v_scale, s.variant)
+            if s.kv_lora_rank is not None:  # MLA: a value is its latent row's first entries
+                k = fit_fp8(k, s.variant.k_scale, s.variant)
+                v = k[..., : s.kv_lora_rank]
             if row.seq_id is None:  # padding: inputs that must not be written
                 rows.append(None)
                 directions.append(None)
@@ -403,7 +428,7 @@ def make_step_inputs(
                 new_v.append(v[: row.query_len])
                 continue
             own = shared_tokens if index > 0 else 0
-            directions.append(_plant(k, s, range(own, row.seq_len), planting))
+            directions.append(plant_keys(k, s, range(own, row.seq_len), planting))
             if any(s.logit_offsets):  # after planting: every key shares this component
                 k[..., -1] = offset_key_component(s)
             k = fit_fp8(k, s.variant.k_scale, s.variant)
@@ -411,6 +436,8 @@ def make_step_inputs(
             if index > 0 and shared_tokens and first is not None:  # the shared pages' tokens
                 k[:shared_tokens] = first.key[:shared_tokens]
                 v[:shared_tokens] = first.value[:shared_tokens]
+            if s.kv_lora_rank is not None:
+                v = k[..., : s.kv_lora_rank]  # planted or offset latent rows: their prefix
             cached = row.seq_len - row.query_len
             if cached:
                 slots = torch.tensor(token_slots(row.pages, range(cached), s.page_size))
@@ -432,120 +459,15 @@ def make_step_inputs(
         for row, direction in zip(step.rows, directions, strict=True):
             if direction is not None:  # every query of the row leans toward the planted keys
                 tokens = query[start : start + row.query_len]
-                tokens += (direction * _query_lean(s)).to(query.dtype)
+                tokens += (direction * query_lean(s)).to(query.dtype)
             start += row.query_len
         if any(s.logit_offsets):
-            _offset_queries(s, step, query)
+            offset_queries(s, step, query)
         inputs.sequences.append(rows)
         inputs.keys.append(torch.cat(new_k))
         inputs.values.append(torch.cat(new_v))
         inputs.queries.append(query)
     return inputs
-
-
-PLANTED_LOGIT = 8.0
-"""How far above the others a planted key's logit sits: at 4096 keys it holds ~40% of the weight."""
-
-
-def plant_positions(length: int, page_size: int, candidates: range) -> list[int]:
-    """Where kernels' indexing goes wrong: first and last key, page and split boundaries."""
-    marks = {0, length - 1}
-    for block in (page_size, 64, 128, 256):
-        marks |= {m + d for m in range(block, length, block) for d in (-1, 0)}
-    return sorted(p for p in marks if p in candidates)
-
-
-def _query_lean(s: Scenario) -> float:
-    return math.sqrt(s.head_dim) * s.magnitude
-
-
-def _plant(
-    key: torch.Tensor, s: Scenario, candidates: range, gen: torch.Generator
-) -> torch.Tensor | None:
-    """Give ``s.planted_keys`` boundary keys of one sequence a logit ``PLANTED_LOGIT`` higher.
-
-    Those keys and every query of the sequence share a unit direction ``u``:
-    ``q += |q| u`` and ``k += a u`` with ``scale * |q| * a = PLANTED_LOGIT``,
-    so dropping, masking or misplacing a planted key is a large error in any
-    dtype instead of one the size of rounding. Returns ``u`` (``None``: none planted).
-    """
-    if not s.planted_keys:
-        return None
-    positions = plant_positions(key.shape[0], s.page_size, candidates)
-    if not positions:
-        return None
-    chosen = torch.randperm(len(positions), generator=gen)[: s.planted_keys]
-    direction = torch.randn(s.head_dim, generator=gen)
-    direction /= direction.norm()
-    lift = PLANTED_LOGIT / (s.softmax_scale * _query_lean(s))
-    for index in chosen.tolist():
-        key[positions[index]] += (direction * lift).to(key.dtype)
-    return direction
-
-
-def logit_reach(s: Scenario) -> float:
-    """A bound on ``|scale * q.k|`` over ``s``'s inputs: what a claim on the logits compares.
-
-    ``|q.k| <= |q| |k|``, each about ``magnitude * sqrt(head_dim)`` for normal
-    draws (1.5x of it for the tails), plus a planted key's lift, the largest
-    logit offset and the massive channels of a value regime.
-    """
-    raw = (1.5 * s.magnitude) ** 2 * s.head_dim * s.softmax_scale
-    planted = PLANTED_LOGIT if s.planted_keys else 0.0
-    offset = max((abs(o) for o in s.logit_offsets), default=0.0)
-    return raw + planted + offset + regime_logit_reach(s.values, s.softmax_scale)
-
-
-MAX_LOGIT_OFFSET = 1e5
-
-
-def logit_offset_limit(s: Scenario) -> float:
-    """The largest ``|offset|`` ``s`` can hold without overflowing its dtype.
-
-    In fp16 the raw ``q.k`` (``offset / scale``) and the query component stay
-    within half of its range, since a kernel may form ``q.k`` in the dtype;
-    bf16 and fp32 reach ``MAX_LOGIT_OFFSET``. An FP8 cache caps the key
-    component, so the query's must make up the rest.
-    """
-    room = torch.finfo(s.dtype).max / 2
-    raw = min(room, 1e30)
-    if s.variant.cache_dtype is not None:
-        raw = min(raw, room * fp8_limit(s.variant, s.variant.k_scale))
-    return min(MAX_LOGIT_OFFSET, raw * s.softmax_scale)
-
-
-def offset_key_component(s: Scenario) -> float:
-    """The last head-dim component every key of an offset scenario holds (see ``_offset_queries``).
-
-    ``sqrt`` of the largest raw offset, so query and key share the magnitude;
-    an FP8 cache caps it at its range times ``k_scale``.
-    """
-    raw = max(abs(o) for o in s.logit_offsets) / s.softmax_scale
-    component = math.sqrt(raw)
-    if s.variant.cache_dtype is not None:
-        component = min(component, fp8_limit(s.variant, s.variant.k_scale))
-    return component
-
-
-def _offset_queries(s: Scenario, step: Step, query: torch.Tensor) -> None:
-    """Move every logit of sequence ``i`` by ``s.logit_offsets[i]``, exactly.
-
-    Every key's last component is one common value ``a``
-    (``offset_key_component``) and every query of row ``i`` gets ``b_i``
-    there, with ``scale * a * b_i`` the offset: the logits' differences
-    within a row (all that softmax sees) are the drawn ones, while the row's
-    maximum sits near the offset, where kernels that start their running
-    maximum at a finite sentinel, keep it in a narrow type or overflow an
-    ``exp2`` domain go wrong. The oracle is exact and shift-invariant, and
-    the bound's ``logit_scale`` counts ``|a b_i|``.
-    """
-    a = offset_key_component(s)
-    start = 0
-    for index, row in enumerate(step.rows):
-        offset = s.logit_offsets[index] if index < len(s.logit_offsets) else 0.0
-        if row.seq_id is not None:  # a row without an offset gets 0: its logits stay put
-            query[start : start + row.query_len, :, -1] = offset / (s.softmax_scale * a)
-        start += row.query_len
 
 
 def store_step_tokens(inputs: StepInputs) -> None:

@@ -114,7 +114,7 @@ def error_bound(
     length = torch.full_like(oracle.value_scale, MIN_SUM_LENGTH) if keys is None else keys
     sums = length.clamp_min(MIN_SUM_LENGTH).sqrt()
     accumulation = u32 * ACCUMULATION_FACTOR * sums * oracle.value_scale
-    dot = float(oracle.output.shape[-1]) ** 0.5  # a logit's fp32 sum over the head dim
+    dot = float(oracle.dot_length) ** 0.5  # a logit's fp32 sum over the head dim
     logits = u32 * LOGIT_FACTOR * dot * oracle.value_scale * oracle.logit_scale
     return NAIVE_FACTOR * naive_error + torch.maximum(rounding, accumulation) + logits
 
@@ -233,5 +233,5 @@ def compare_lse(lse: torch.Tensor, oracle: OracleOutput, dtype: torch.dtype) -> 
         raise ValueError(f"lse shape {tuple(lse.shape)} != expected {tuple(oracle.lse.shape)}")
     got = lse.detach().to("cpu", torch.float64)[rows]
     error = (got - oracle.lse[rows]).abs()
-    bound = lse_bound(oracle, dtype, oracle.output.shape[-1])[rows]
+    bound = lse_bound(oracle, dtype, oracle.dot_length)[rows]
     return _verdict(error, bound, got, rows)

@@ -42,18 +42,19 @@ struct Params {
   int64_t k_s0, k_s1, k_s2, k_s3;
   const void* v;
   int64_t v_s0, v_s1, v_s2, v_s3;
-  void* out;  // contiguous [T, H, D] in dtype
+  void* out;  // contiguous [T, H, value_dim] in dtype
   const int32_t* block_table;  // flat local page ids; a tile's row starts at its bt_off
   const int32_t* tiles;  // [num_tiles, 8], see Tile
   int64_t num_tiles;
   const int32_t* merges;  // [num_merges, 4]: first partial, splits, q_token, q_count
   int64_t num_merges;
-  float* partials;  // [slots, max_rows * (head_dim + 2)] workspace
+  float* partials;  // [slots, max_rows * (value_dim + 2)] workspace
   int64_t max_rows;  // most query rows (tokens x GQA group) of a tile, per KV head
   int64_t heads_per_item;  // KV heads one work item runs
   int64_t causal;
   int64_t num_threads;
   double scale;
+  int64_t value_dim;  // entries of a value row and an output row (MLA: < head_dim)
 };
 
 // Fields of one tile row; the kernel runs it once per KV head.
@@ -624,16 +625,16 @@ struct Scratch {
   // a short decode call must not pay for zeroing them)
   static int64_t wide(int64_t rows) { return rows >= kLanes ? 1 : 0; }
 
-  Scratch(int64_t rows, int64_t heads, int64_t d)
+  Scratch(int64_t rows, int64_t heads, int64_t d, int64_t dv)
       : q(size_t(heads * rows * d)),
-        acc(size_t(heads * rows * d)),
+        acc(size_t(heads * rows * dv)),
         m(size_t(heads * rows)),
         l(size_t(heads * rows)),
         scores(size_t(rows * kBlock)),
         kbuf(size_t(kBlock * d)),
-        vbuf(size_t(kBlock * d)),
+        vbuf(size_t(kBlock * dv)),
         qt(size_t(wide(rows) * heads * d * padded(rows))),
-        at(size_t(wide(rows) * heads * d * padded(rows))),
+        at(size_t(wide(rows) * heads * dv * padded(rows))),
         mt(size_t(wide(rows) * heads * padded(rows))),
         lt(size_t(wide(rows) * heads * padded(rows))),
         st(size_t(wide(rows) * kBlock * padded(rows))),
@@ -668,7 +669,7 @@ inline void token_offsets(const Params& P, const int32_t* pages, int64_t t0, int
 // heads of a block run back to back, so the block's token rows (all heads, contiguous
 // in an NHD cache) are streamed once; the next block's rows are prefetched meanwhile.
 void attend_tile(const Params& P, const int32_t* tile, int64_t h0, int64_t h1, Scratch& sc) {
-  const int64_t D = P.head_dim;
+  const int64_t D = P.head_dim, DV = P.value_dim;
   const int64_t G = P.num_heads / P.num_kv_heads;
   const int64_t H = P.num_heads;
   const int64_t q_token = tile[kQToken], q_count = tile[kQCount], q_pos = tile[kQPos];
@@ -683,7 +684,6 @@ void attend_tile(const Params& P, const int32_t* tile, int64_t h0, int64_t h1, S
   const bool k_direct = P.dtype == kF32 && P.k_s3 == 1;
   const bool v_direct = P.dtype == kF32 && P.v_s3 == 1;
   const bool prefetch = kPrefetch && P.k_s3 == 1 && P.v_s3 == 1;
-  const int64_t row_bytes = D * esize;
 
   float* S = sc.scores.data();
   PrefetchCursor& cursor = sc.cursor;
@@ -706,7 +706,7 @@ void attend_tile(const Params& P, const int32_t* tile, int64_t h0, int64_t h1, S
       sc.l[size_t(hr)] = 0.0f;
     }
   }
-  std::fill(sc.acc.begin(), sc.acc.begin() + (h1 - h0) * R * D, 0.0f);
+  std::fill(sc.acc.begin(), sc.acc.begin() + (h1 - h0) * R * DV, 0.0f);
   const bool wide = Scratch::wide(R) != 0;  // enough rows for vectors of rows (softmax_t)
   const int64_t Rp = Scratch::padded(R);
   if (wide) {
@@ -717,7 +717,7 @@ void attend_tile(const Params& P, const int32_t* tile, int64_t h0, int64_t h1, S
         for (int64_t d = 0; d < D; ++d) qt[d * Rp + r] = r < R ? qr[d] : 0.0f;
       }
     }
-    std::fill(sc.at.begin(), sc.at.begin() + (h1 - h0) * D * Rp, 0.0f);
+    std::fill(sc.at.begin(), sc.at.begin() + (h1 - h0) * DV * Rp, 0.0f);
     std::fill(sc.mt.begin(), sc.mt.begin() + (h1 - h0) * Rp, kNegInf);
     std::fill(sc.lt.begin(), sc.lt.begin() + (h1 - h0) * Rp, 0.0f);
     for (int64_t r = 0; r < Rp; ++r) sc.limit_t[size_t(r)] = r < R ? sc.limit[size_t(r)] : 0;
@@ -746,11 +746,11 @@ void attend_tile(const Params& P, const int32_t* tile, int64_t h0, int64_t h1, S
       for (int64_t t = 0; t < next_nb; ++t) {
         for (int kv = 0; kv < 2; ++kv) {
           const char* base = kv ? vbase + next_vofs[t] * esize : kbase + next_kofs[t] * esize;
-          const int64_t s2 = kv ? P.v_s2 : P.k_s2;
-          if (s2 == D) {
-            cursor.add(base + h0 * D * esize, (h1 - h0) * row_bytes);
+          const int64_t s2 = kv ? P.v_s2 : P.k_s2, width = kv ? DV : D;
+          if (s2 == width) {
+            cursor.add(base + h0 * width * esize, (h1 - h0) * width * esize);
           } else {
-            for (int64_t x = h0; x < h1; ++x) cursor.add(base + x * s2 * esize, row_bytes);
+            for (int64_t x = h0; x < h1; ++x) cursor.add(base + x * s2 * esize, width * esize);
           }
         }
       }
@@ -760,7 +760,7 @@ void attend_tile(const Params& P, const int32_t* tile, int64_t h0, int64_t h1, S
     for (int64_t h = h0; h < h1; ++h) {
       const int64_t hrow = (h - h0) * R;
       float* Q = sc.q.data() + hrow * D;
-      float* acc = sc.acc.data() + hrow * D;
+      float* acc = sc.acc.data() + hrow * DV;
       float* m = sc.m.data() + hrow;
       float* l = sc.l.data() + hrow;
       for (int64_t t = 0; t < nb; ++t) {
@@ -775,25 +775,25 @@ void attend_tile(const Params& P, const int32_t* tile, int64_t h0, int64_t h1, S
         if (v_direct) {
           sc.vrow[size_t(t)] = reinterpret_cast<const float*>(vbase) + vo;
         } else {
-          float* dst = sc.vbuf.data() + t * D;
-          load_row(vbase + vo * esize, P.v_s3, D, P.dtype, dst);
+          float* dst = sc.vbuf.data() + t * DV;
+          load_row(vbase + vo * esize, P.v_s3, DV, P.dtype, dst);
           sc.vrow[size_t(t)] = dst;
         }
       }
       if (wide) {
         const int64_t hw = h - h0;
         float* Qt = sc.qt.data() + hw * D * Rp;
-        float* At = sc.at.data() + hw * D * Rp;
+        float* At = sc.at.data() + hw * DV * Rp;
         float* St = sc.st.data();
         for (int64_t c = 0; c < nb; c += kChunk) {
           block_logits_t(Qt, Rp, D, sc.krow.data() + c, std::min(kChunk, nb - c), St + c * Rp);
           cursor.issue(quota);
         }
-        softmax_t(St, Rp, D, nb, t0, sc.limit_t.data(), sc.mt.data() + hw * Rp,
+        softmax_t(St, Rp, DV, nb, t0, sc.limit_t.data(), sc.mt.data() + hw * Rp,
                   sc.lt.data() + hw * Rp, At, sc.alpha.data());
-        const int64_t dims = std::max<int64_t>(kValueDims, (D + kChunk - 1) / kChunk);
-        for (int64_t d = 0; d < D; d += dims) {  // P.V in slices of dims, prefetching between
-          block_values_t(St, Rp, d, std::min(D, d + dims), sc.vrow.data(), nb, At);
+        const int64_t dims = std::max<int64_t>(kValueDims, (DV + kChunk - 1) / kChunk);
+        for (int64_t d = 0; d < DV; d += dims) {  // P.V in slices of dims, prefetching between
+          block_values_t(St, Rp, d, std::min(DV, d + dims), sc.vrow.data(), nb, At);
           cursor.issue(quota);
         }
         continue;
@@ -820,9 +820,9 @@ void attend_tile(const Params& P, const int32_t* tile, int64_t h0, int64_t h1, S
         const float sum = exp_block(s, nb, m_new);
         if (m_old != m_new) {
           const float alpha = m_old == kNegInf ? 0.0f : exp_nonpositive(m_old - m_new);
-          float* ar = acc + r * D;
+          float* ar = acc + r * DV;
 #pragma omp simd
-          for (int64_t d = 0; d < D; ++d) ar[d] *= alpha;
+          for (int64_t d = 0; d < DV; ++d) ar[d] *= alpha;
           l[r] *= alpha;
         }
         l[r] += sum;
@@ -830,7 +830,7 @@ void attend_tile(const Params& P, const int32_t* tile, int64_t h0, int64_t h1, S
       }
       // P.V: each value row is loaded once and used by every query row of the head.
       for (int64_t c = 0; c < nb; c += kChunk) {
-        block_values(S + c, R, D, sc.vrow.data() + c, std::min(kChunk, nb - c), acc);
+        block_values(S + c, R, DV, sc.vrow.data() + c, std::min(kChunk, nb - c), acc);
         cursor.issue(quota);
       }
     }
@@ -838,10 +838,10 @@ void attend_tile(const Params& P, const int32_t* tile, int64_t h0, int64_t h1, S
 
   if (wide) {  // A^T, m and l back to rows, as the narrow path leaves them
     for (int64_t h = 0; h < h1 - h0; ++h) {
-      const float* At = sc.at.data() + h * D * Rp;
+      const float* At = sc.at.data() + h * DV * Rp;
       for (int64_t r = 0; r < R; ++r) {
-        float* ar = sc.acc.data() + (h * R + r) * D;
-        for (int64_t d = 0; d < D; ++d) ar[d] = At[d * Rp + r];
+        float* ar = sc.acc.data() + (h * R + r) * DV;
+        for (int64_t d = 0; d < DV; ++d) ar[d] = At[d * Rp + r];
         sc.m[size_t(h * R + r)] = sc.mt[size_t(h * Rp + r)];
         sc.l[size_t(h * R + r)] = sc.lt[size_t(h * Rp + r)];
       }
@@ -849,26 +849,26 @@ void attend_tile(const Params& P, const int32_t* tile, int64_t h0, int64_t h1, S
   }
   for (int64_t h = h0; h < h1; ++h) {
     const int64_t hrow = (h - h0) * R;
-    const float* acc = sc.acc.data() + hrow * D;
+    const float* acc = sc.acc.data() + hrow * DV;
     if (part < 0) {  // the whole key range: normalise straight into the output
       char* obase = static_cast<char*>(P.out);
       for (int64_t r = 0; r < R; ++r) {
         const float l = sc.l[size_t(hrow + r)];
-        const int64_t index = ((q_token + r / G) * H + h * G + r % G) * D;
-        store_row(acc + r * D, D, l > 0.0f ? 1.0f / l : 0.0f, P.dtype, obase + index * esize);
+        const int64_t index = ((q_token + r / G) * H + h * G + r % G) * DV;
+        store_row(acc + r * DV, DV, l > 0.0f ? 1.0f / l : 0.0f, P.dtype, obase + index * esize);
       }
       continue;
     }
-    float* slot = P.partials + (part + h) * P.max_rows * (D + 2);
-    std::memcpy(slot, acc, size_t(R * D) * sizeof(float));
-    std::memcpy(slot + R * D, sc.m.data() + hrow, size_t(R) * sizeof(float));
-    std::memcpy(slot + R * D + R, sc.l.data() + hrow, size_t(R) * sizeof(float));
+    float* slot = P.partials + (part + h) * P.max_rows * (DV + 2);
+    std::memcpy(slot, acc, size_t(R * DV) * sizeof(float));
+    std::memcpy(slot + R * DV, sc.m.data() + hrow, size_t(R) * sizeof(float));
+    std::memcpy(slot + R * DV + R, sc.l.data() + hrow, size_t(R) * sizeof(float));
   }
 }
 
 // Combine the partials of one split tile for one KV head into the output.
 void merge_tile(const Params& P, const int32_t* merge, int64_t kvh, std::vector<float>& row) {
-  const int64_t D = P.head_dim;
+  const int64_t D = P.value_dim;
   const int64_t G = P.num_heads / P.num_kv_heads;
   const int64_t KV = P.num_kv_heads;
   const int64_t first = merge[0], splits = merge[1], q_token = merge[2], q_count = merge[3];
@@ -905,7 +905,7 @@ void merge_tile(const Params& P, const int32_t* merge, int64_t kvh, std::vector<
 extern "C" {
 
 // Bumped whenever Params or the tile layout changes; compiled.py checks it.
-int64_t paged_attention_abi_version() { return 2; }
+int64_t paged_attention_abi_version() { return 3; }
 
 int64_t paged_attention_openmp() {
 #ifdef _OPENMP
@@ -924,7 +924,7 @@ void paged_attention_forward(const Params* params) {
   const int64_t merges = P.num_merges * KV;
 #pragma omp parallel num_threads(int(std::max<int64_t>(1, P.num_threads)))
   {
-    Scratch scratch(P.max_rows, per_item, P.head_dim);
+    Scratch scratch(P.max_rows, per_item, P.head_dim, P.value_dim);
     // Consecutive items are the head groups of one tile: the threads stream the same pages.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < work; ++i) {
@@ -933,7 +933,7 @@ void paged_attention_forward(const Params* params) {
                   scratch);
     }
     if (merges > 0) {
-      std::vector<float> row(size_t(P.head_dim));
+      std::vector<float> row(size_t(P.value_dim));
 #pragma omp for schedule(static)
       for (int64_t i = 0; i < merges; ++i) {
         merge_tile(P, P.merges + (i / KV) * 4, i % KV, row);

@@ -430,3 +430,14 @@ from suites.mutants.combinations import (  # noqa: E402, F401
 )
 
 MUTANTS += COMBINATION_MUTANTS
+
+from suites.mutants.latent import (  # noqa: E402, F401
+    LATENT_MUTANTS,
+    LatentDimsHardcoded,
+    LatentRopeWrittenPastRow,
+    LatentScaleOfWidth,
+    LatentSplitMergeValueStride,
+    LatentValuesWholeRow,
+)
+
+MUTANTS += LATENT_MUTANTS

@@ -1,6 +1,7 @@
 """Run the conformance suite against every planted bug and say which properties caught it.
 
-    python -m suites.mutants.kill_matrix [--profile kill|ci|thorough] [--mutants all|variants|field]
+    python -m suites.mutants.kill_matrix [--profile kill|ci|thorough]
+        [--mutants all|variants|field|latent]
 
 It prints the matrix (mutants down, tests across), then for each test the
 mutants only it catches, or a note naming the test that subsumes it.
@@ -30,10 +31,10 @@ from pathlib import Path
 
 from harness.conformance.runner import pytest_arguments
 from harness.processes.supervisor import run
-from suites.mutants.backends import FIELD_MUTANTS, MUTANTS, VARIANT_MUTANTS
+from suites.mutants.backends import FIELD_MUTANTS, LATENT_MUTANTS, MUTANTS, VARIANT_MUTANTS
 from suites.mutants.dimensions import triage_rate
 
-BUILTINS = ("reference", "sdpa")
+BUILTINS = ("reference", "sdpa", "reference-mla", "compiled-mla")
 
 
 def mutant_specs(catalogue: tuple[type, ...] = MUTANTS) -> list[str]:
@@ -246,9 +247,9 @@ def main() -> int:
     parser.add_argument(
         "--mutants",
         default="all",
-        choices=("all", "variants", "field"),
-        help="every planted bug, only the attention variants', or only the field catalogue's "
-        "(real engine bugs; default: all)",
+        choices=("all", "variants", "field", "latent"),
+        help="every planted bug, only the attention variants', the field catalogue's (real "
+        "engine bugs) or MLA kernels' (default: all)",
     )
     parser.add_argument(
         "--json", type=Path, default=None, help="also write each backend's outcomes and times"
@@ -260,7 +261,12 @@ def main() -> int:
         "--mutants all",
     )
     args = parser.parse_args()
-    catalogues = {"all": MUTANTS, "variants": VARIANT_MUTANTS, "field": FIELD_MUTANTS}
+    catalogues = {
+        "all": MUTANTS,
+        "variants": VARIANT_MUTANTS,
+        "field": FIELD_MUTANTS,
+        "latent": LATENT_MUTANTS,
+    }
     planted = mutant_specs(catalogues[args.mutants])
     specs = [*BUILTINS, *planted]
     print(
