@@ -32,6 +32,7 @@ cache; ``self.sequences`` dequantizes an FP8 cache (``dequantize``);
 
 Engine kernels: ``vllm_metadata(step)``, ``flashinfer_metadata(step)`` and
 ``sglang_metadata(step)`` give the step's metadata in each engine's own form
+(``decode_rows(step)``: one row per query token, for decode-only MLA kernels)
 (local page ids and slots, the rank's offset taken off, padding made safe),
 built once per step on its device; ``docs/engine-metadata.md`` has a worked
 example of each. An ``attend`` that declares ``key`` and ``value`` keyword
@@ -63,9 +64,11 @@ fills it with NaN, so a kernel that reads past a sequence's end returns NaN.
 from __future__ import annotations
 
 from harness.core.engine_metadata import (
+    DecodeRows,
     FlashInferMetadata,
     SglangMetadata,
     VllmMetadata,
+    decode_rows,
     flashinfer_metadata,
     sglang_metadata,
     vllm_metadata,
@@ -91,6 +94,7 @@ __all__ = [
     "AttentionVariant",
     "CacheGeometry",
     "CheckedMetadata",
+    "DecodeRows",
     "FlashInferMetadata",
     "PageFormat",
     "PageTensors",
@@ -100,6 +104,7 @@ __all__ = [
     "VllmMetadata",
     "check_rank_is_bound",
     "check_rank_ownership",
+    "decode_rows",
     "dequantize",
     "flashinfer_metadata",
     "interpret_triton_here",

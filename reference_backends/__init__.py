@@ -1,7 +1,8 @@
 """Built-in attention backends, registered by name through ``BUILTIN_BACKENDS``.
 
-``sglang-triton``, ``vllm-triton``, ``vllm-cpu`` and ``vllm-cpu-mla`` are engines' kernels
-behind adapters: each claims a device only where its engine is installed.
+``sglang-triton``, ``vllm-triton``, ``vllm-triton-mla``, ``vllm-cpu`` and ``vllm-cpu-mla``
+are engines' kernels behind adapters: each claims a device only where its engine is
+installed.
 
 The registry loads them as the ``attn_harness.backends`` entry points that
 ``pyproject.toml`` declares (the library never imports this package); this
@@ -20,6 +21,7 @@ from reference_backends.triton_backend import TritonBackend
 from reference_backends.vllm_cpu import VllmCpuBackend
 from reference_backends.vllm_cpu_mla import VllmCpuMlaBackend
 from reference_backends.vllm_triton import VllmTritonBackend
+from reference_backends.vllm_triton_mla import VllmTritonMlaBackend
 
 BUILTIN_BACKENDS: dict[str, type] = {
     "compiled": CompiledBackend,
@@ -33,6 +35,7 @@ BUILTIN_BACKENDS: dict[str, type] = {
     "vllm-cpu": VllmCpuBackend,
     "vllm-cpu-mla": VllmCpuMlaBackend,
     "vllm-triton": VllmTritonBackend,
+    "vllm-triton-mla": VllmTritonMlaBackend,
 }
 
 __all__ = [
@@ -48,4 +51,5 @@ __all__ = [
     "VllmCpuBackend",
     "VllmCpuMlaBackend",
     "VllmTritonBackend",
+    "VllmTritonMlaBackend",
 ]

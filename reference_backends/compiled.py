@@ -450,4 +450,3 @@ class CompiledMlaBackend(CompiledBackend):
     def capabilities(cls) -> Capabilities:
         """Float32/16/bf16 latent caches on the CPU: any latent geometry, page size, DP size."""
         return dataclasses.replace(super().capabilities(), kind="mla")
-

@@ -47,7 +47,7 @@ class KVQuantMode(enum.IntEnum):
     INT4_PER_TOKEN_HEAD = 4
 
 
-def _engine_modules() -> dict[str, ModuleType]:
+def engine_modules() -> dict[str, ModuleType]:
     """The vLLM modules the kernel files import, as far as they use them."""
     import triton
     import triton.language as tl
@@ -87,7 +87,7 @@ class VllmTritonBackend(EngineKernelBackend):
     def load_kernels() -> Any:
         """vLLM's ``unified_attention``, loaded once per process."""
         names = [f"{OPS}.triton_attention_helpers", f"{OPS}.triton_unified_attention"]
-        loaded = load_engine_files("vllm", names, _engine_modules())
+        loaded = load_engine_files("vllm", names, engine_modules())
         return loaded[f"{OPS}.triton_unified_attention"].unified_attention
 
     @classmethod

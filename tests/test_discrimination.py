@@ -1,6 +1,7 @@
 """The dtype bound discriminates at production sizes: correct computations pass with a
 wide margin, real bugs fail, in bf16, fp16 and fp32, for plain attention and with each
-attention variant on (``python -m harness.numerics.discrimination``).
+attention variant on, and for MLA at DeepSeek's geometry (``python -m
+harness.numerics.discrimination``).
 """
 
 from __future__ import annotations
@@ -10,13 +11,20 @@ import random
 import pytest
 import torch
 
+from harness.core.dtypes import dtype_name
 from harness.numerics.discrimination import (
     BUGS,
     CORRECT,
+    DTYPES,
+    MLA_BUGS,
+    MLA_CORRECT,
+    MLA_SIZES,
     VARIANT_BUGS,
     VARIANT_CASES,
     VARIANT_CORRECT,
     format_table,
+    mla_applies,
+    mla_table,
     table,
 )
 from harness.numerics.scenario import Scenario, check_outputs, make_step_inputs
@@ -115,3 +123,49 @@ def test_each_variant_bug_fails_in_every_dtype(variant_ratios, bug):
 
 def test_sdpa_is_not_run_on_what_it_does_not_claim(variant_ratios):
     assert not any(c == "sdpa" and "soft-cap" in z for c, _, z in variant_ratios)
+
+
+@pytest.fixture(scope="module")
+def mla_ratios() -> dict[tuple[str, str, str], float]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        results = mla_table()
+    finally:
+        torch.set_num_threads(threads)
+    print("\nMLA, worst error / bound (fails above 1):\n" + format_table(results))
+    return results
+
+
+def test_every_mla_case_was_measured(mla_ratios):
+    assert {case for case, _, _ in mla_ratios} == set(MLA_CORRECT) | set(MLA_BUGS)
+    assert {size for _, _, size in mla_ratios} == {size.name for size in MLA_SIZES}
+
+
+@pytest.mark.parametrize("case", list(MLA_CORRECT))
+def test_correct_mla_computation_stays_under_a_quarter_of_the_bound(mla_ratios, case):
+    worst = max(r for (c, _, _), r in mla_ratios.items() if c == case)
+    assert worst <= 0.25, format_table(mla_ratios)
+
+
+@pytest.mark.parametrize("case", list(MLA_BUGS))
+def test_mla_bug_exceeds_the_bound_in_every_dtype_and_size(mla_ratios, case):
+    measured = {(d, z): r for (c, d, z), r in mla_ratios.items() if c == case}
+    wanted = {(dtype_name(d), z.name) for d in DTYPES for z in MLA_SIZES if mla_applies(case, z, d)}
+    assert set(measured) == wanted
+    assert all(r > 1.0 for r in measured.values()), format_table(mla_ratios)
+
+
+def test_only_a_typical_dropped_key_in_long_bf16_rows_is_left_out():
+    """Below bf16's rounding of the output: the one cell family not tabled, and only it."""
+    left_out = [
+        (c, d, z.name)
+        for c in MLA_BUGS
+        for d in DTYPES
+        for z in MLA_SIZES
+        if not mla_applies(c, z, d)
+    ]
+    assert left_out == [
+        ("last key dropped", torch.bfloat16, "decode 4x4096"),
+        ("last key dropped", torch.bfloat16, "spec-decode q=4/2048 x2"),
+    ]

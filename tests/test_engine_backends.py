@@ -16,6 +16,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
 
 from harness.conformance.check_matrix import run_quick_check
 from harness.core.errors import Unsupported
@@ -154,3 +155,35 @@ def test_vllm_kernel_passes_the_quick_check_interpreted():
     failed = [r for r in results if r.status != "PASSED"]
     assert not failed, failed[:3]
     assert not [name for name in sys.modules if name == "vllm" or name.startswith("vllm.")]
+
+
+def test_vllm_triton_mla_is_registered_with_what_vllms_backend_declares():
+    caps = default_registry().resolve("vllm-triton-mla").capabilities
+    assert caps.kind == "mla"
+    assert set(caps.dtypes) == {torch.float16, torch.bfloat16}  # TritonMLABackend's
+    assert caps.page_size_multiple == 16  # MultipleOf(16)
+    if not VLLM:
+        assert caps.devices == ()
+
+
+@pytest.mark.skipif(not VLLM, reason="needs the vllm wheel: nox -s engines installs it")
+def test_vllm_triton_mla_passes_the_quick_check_interpreted():
+    """vLLM's Triton MLA decode (split-KV, ``is_mla``) through the kit's ``decode_rows``
+    on the quick check's MLA steps: prefill and extend rows run as decode rows."""
+    from harness.core.triton_mode import interpret_triton_here
+
+    if not interpret_triton_here():
+        pytest.skip("triton was imported without its interpreter in this process")
+    results = run_quick_check(default_registry().resolve("vllm-triton-mla"))
+    assert len(results) >= 40
+    failed = [r for r in results if r.status != "PASSED"]
+    assert not failed, failed[:3]
+
+
+@pytest.mark.parametrize(
+    ("longest", "splits"), [(1, 1), (511, 1), (1024, 2), (3000, 8), (99999, 8)]
+)
+def test_vllm_triton_mla_splits_as_vllm_chooses(longest, splits):
+    from reference_backends.vllm_triton_mla import num_kv_splits
+
+    assert num_kv_splits(longest, multiprocessors=4) == splits

@@ -96,6 +96,32 @@ def test_element_size_scales_bytes_not_flops():
     assert work(rows, element_bytes=2).flops == work(rows).flops
 
 
+def test_mla_reads_one_latent_row_per_token_for_every_head():
+    """DeepSeek's 512 + 64 under 16 heads, bf16, decode over 1000 and 24 keys: each cached
+    token is one 576-entry latent row read once (no separate value row), each new token
+    writes one; Q is 576 wide per head, O 512; a key seen costs 16 * (576 + 512) * 2 FLOPs."""
+    w = AttentionWork(
+        num_heads=16,
+        num_kv_heads=1,
+        head_dim=576,
+        element_bytes=2,
+        query_lens=(1, 1),
+        seq_lens=(1000, 24),
+        kv_lora_rank=512,
+    )
+    assert w.kv_bytes_per_token == 576 * 2
+    assert w.kv_read_bytes == 1024 * 576 * 2
+    assert w.kv_write_bytes == 2 * 576 * 2
+    assert w.query_bytes == 2 * 16 * 576 * 2
+    assert w.output_bytes == 2 * 16 * 512 * 2
+    assert w.flops == 2 * 16 * (576 + 512) * 1024
+    as_mha = AttentionWork(
+        num_heads=16, num_kv_heads=1, head_dim=576, element_bytes=2,
+        query_lens=(1, 1), seq_lens=(1000, 24),
+    )  # fmt: skip
+    assert as_mha.kv_read_bytes == 2 * w.kv_read_bytes  # K and V rows: what MLA does not read
+
+
 def test_graph_mode_padding_rows_are_not_work():
     padded = AttentionWork(
         num_heads=H,

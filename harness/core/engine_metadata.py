@@ -18,6 +18,10 @@ step's ``CheckedMetadata``, on the step's device, and are cached on the step
 - ``sglang_metadata(step)``: token-level ``kv_indptr`` / ``kv_indices`` over
   each whole sequence, the same over the cached prefix only (the extend
   kernel takes the new tokens' K/V as arguments), and ``req_to_token``.
+- ``decode_rows(step)``: the step as a decode-only kernel takes it (MLA decode
+  kernels: vLLM's CPU and Triton ones): one row per query token, each over its
+  sequence's pages up to its own causal extent, as vLLM's ``forward_mqa`` flattens
+  speculative and chunked rows.
 """
 
 from __future__ import annotations
@@ -84,6 +88,19 @@ class SglangMetadata:
         first = torch.repeat_interleave(indptr[:-1].long(), lens)
         offsets = torch.arange(first.numel(), device=first.device) - first
         return indptr, self.kv_indices[torch.repeat_interleave(starts, lens) + offsets]
+
+
+@dataclass(frozen=True)
+class DecodeRows:
+    """A step as a decode-only kernel takes it (``decode_rows``): one row per query token."""
+
+    tokens: torch.Tensor  # int64 [N]: each decode row's query token
+    block_table: torch.Tensor  # int32 [N, W]: local page ids of its sequence, then pad_page
+    seq_lens: torch.Tensor  # int32 [N]: the keys each decode row sees
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.tokens.shape[0])
 
 
 def _int32(values: list[int], device: torch.device) -> torch.Tensor:
@@ -223,3 +240,41 @@ def sglang_metadata(step: Any, *, pad_slot: int = 0) -> SglangMetadata:
         )
 
     return _cached(step, ("sglang", pad_slot), build)
+
+
+def decode_rows(step: Any, *, pad_page: int = 0) -> DecodeRows:
+    """Every real query token as a decode row over its sequence's pages.
+
+    Token ``j`` of a row of ``q`` new tokens over ``L`` keys sees ``L - q + j + 1``
+    of them (all ``L`` without the causal mask); padding rows give none. Block-table
+    rows are filled past the in-use pages with ``pad_page`` (a local page id).
+    """
+    geometry = _geometry_of(step)
+    _check_pad(pad_page, "pad_page", geometry.num_pages)
+
+    def build() -> DecodeRows:
+        checked: CheckedMetadata = step.checked
+        tokens: list[int] = []
+        lengths: list[int] = []
+        tables: list[list[int]] = []
+        rows = zip(checked.seq_lens, _local_pages(checked, geometry), strict=True)
+        for row, (length, pages) in enumerate(rows):
+            if length == 0:
+                continue  # graph-mode padding: nothing to read
+            first, q_len = checked.query_start[row], checked.query_lens[row]
+            for j in range(q_len):
+                tokens.append(first + j)
+                lengths.append(length - q_len + j + 1 if checked.causal else length)
+                tables.append(pages)
+        width = max((len(t) for t in tables), default=1)
+        padded = [t + [pad_page] * (width - len(t)) for t in tables]
+        device = geometry.device
+        return DecodeRows(
+            tokens=torch.tensor(tokens, dtype=torch.int64, device=device),
+            block_table=torch.tensor(padded, dtype=torch.int32, device=device).reshape(
+                len(padded), width
+            ),
+            seq_lens=_int32(lengths, device),
+        )
+
+    return _cached(step, ("decode rows", pad_page), build)

@@ -519,17 +519,40 @@ def variant_table(
     )
 
 
+BF16_KEY_NOISE_CONTEXT = 2048
+"""From here on, under DeepSeek's scale, one key of typical weight dropped moves a bf16 output
+by less than bf16's own rounding of it (measured 0.27-0.79 of the bound): only a key with a
+large logit shows, which is why the suite plants keys at boundaries. Not tabled there."""
+
+
+def mla_applies(case: str, size: Size, dtype: torch.dtype) -> bool:
+    """Every MLA case, except a dropped typical key in bf16 past ``BF16_KEY_NOISE_CONTEXT``."""
+    long = max(size.context_lens) >= BF16_KEY_NOISE_CONTEXT
+    return not (case == "last key dropped" and dtype == torch.bfloat16 and long)
+
+
 def mla_table(
     sizes: Sequence[Size] = MLA_SIZES, dtypes: Sequence[torch.dtype] = DTYPES, seed: int = 0
 ) -> Ratios:
     """The MLA table: correct latent computations and MLA kernels' bugs, DeepSeek's geometry."""
-    return measure(
-        (
-            (size.name, partial(mla_inputs_for, size, seed=seed), MLA_CORRECT | MLA_BUGS)
-            for size in sizes
-        ),
-        dtypes,
-    )
+    results: Ratios = {}
+    for dtype in dtypes:
+        results |= measure(
+            (
+                (
+                    size.name,
+                    partial(mla_inputs_for, size, seed=seed),
+                    {
+                        c: a
+                        for c, a in (MLA_CORRECT | MLA_BUGS).items()
+                        if mla_applies(c, size, dtype)
+                    },
+                )
+                for size in sizes
+            ),
+            (dtype,),
+        )
+    return results
 
 
 def format_table(results: Ratios) -> str:

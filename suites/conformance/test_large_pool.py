@@ -15,7 +15,10 @@ from suites.conformance.conftest import check, current_device
 def test_pool_past_32bit_offsets(backend_entry) -> None:
     scenario = large_pool_scenario(backend_entry.capabilities, current_device())
     if scenario is None:
-        pytest.skip(f"{backend_entry.name} claims no shape this test can use (FP8-only, short)")
+        pytest.skip(
+            f"{backend_entry.name} claims no shape this test can use (FP8-only, short contexts, "
+            "or caches capped below 2^31 elements)"
+        )
     reason = unavailable_reason(scenario)
     if reason is not None:
         pytest.skip(f"pool past 2^31 elements not run on this machine: {reason}")

@@ -77,6 +77,12 @@ EXPECTED: dict[str, frozenset[str]] = {
     "OutBufferIgnored": frozenset({PROPERTY}),
     # bugs from the field
     "SplitKvEmptySplitNaN": frozenset({"context", "variant", "window"}),
+    # MLA kernels' (suites.mutants.latent)
+    "LatentScaleOfWidth": frozenset({"scale"}),
+    "LatentDimsHardcoded": frozenset({"latent", "head_dim"}),
+    "LatentValuesWholeRow": frozenset({PROPERTY}),
+    "LatentRopeWrittenPastRow": frozenset({PROPERTY}),
+    "LatentSplitMergeValueStride": frozenset({"context"}),
     "MergeStartsEmptyNaN": frozenset({"context", "variant", "window"}),
     "SplitCountEmptyTail": frozenset({"context"}),
     "FiniteSentinelMax": frozenset({"logit_offset"}),  # finite -5e4 start: offsets below it
