@@ -12,8 +12,9 @@ The kernel is decode-only, so every query token is a decode row over its sequenc
 pages up to its own causal extent (the kit's ``decode_rows``), as ``forward_mqa``
 expands speculative rows.
 
-Claims what vLLM's ``TritonMLABackend`` declares: fp16 and bf16, pages a multiple of
-16, any latent geometry. Without ``vllm`` or ``triton`` it claims no device.
+Claims what vLLM's ``TritonMLABackend`` declares: fp16 and bf16 (fp16 alone on the CPU,
+where the interpreter's bf16 is emulated op by op), pages a multiple of 16, any latent
+geometry. Without ``vllm`` or ``triton`` it claims no device.
 """
 
 from __future__ import annotations
@@ -58,11 +59,15 @@ class VllmTritonMlaBackend(EngineKernelBackend):
         return Capabilities(
             kind="mla",
             dtypes=(torch.float16, torch.bfloat16),
+            # interpreted on the CPU, bf16 arithmetic is emulated op by op (the interpreter's
+            # own is wrong): decode rows of a prefill then take minutes, so fp16 only there
+            dtypes_by_device={"cpu": (torch.float16,)},
             devices=cls.engine_devices(),
             interpreted_devices=("cpu",),
             page_size_multiple=16,
             padding_rows="zero",  # padding rows are never run; the output starts zeroed
             out_buffer=True,
+            query_tile=1,  # one decode row per query token: what an interpreted run costs
         )
 
     def attend(self, query: torch.Tensor, cache: LayerCache, step: PreparedStep) -> torch.Tensor:

@@ -214,3 +214,9 @@ def test_a_step_cap_never_refuses_the_smallest_steps():
     ledger.charge("k", "slow", 10, 5.0)
     ledger.charge("k", "slow", 20, 6.0)
     assert ledger.step_cap("k", "stateful", 100) == 16
+
+
+def test_a_decode_only_kernel_pays_per_query_token():
+    """``Capabilities.query_tile=1``: a prefill of 40 tokens is 40 decode rows, not 3 blocks."""
+    assert step_work(1, 1, [40], [40], query_tile=1) == 1 + 40 * 2
+    assert step_work(1, 1, [40], [40]) == 1 + 3 * 2

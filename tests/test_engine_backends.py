@@ -175,7 +175,7 @@ def test_vllm_triton_mla_passes_the_quick_check_interpreted():
     if not interpret_triton_here():
         pytest.skip("triton was imported without its interpreter in this process")
     results = run_quick_check(default_registry().resolve("vllm-triton-mla"))
-    assert len(results) >= 40
+    assert len(results) >= 24  # fp16 on the CPU, pages of 16, two latent widths, dp 1 and 2
     failed = [r for r in results if r.status != "PASSED"]
     assert not failed, failed[:3]
 

@@ -40,20 +40,23 @@ def step_work(
     num_heads: int,
     query_lens: Sequence[int],
     context_lens: Sequence[int],
+    query_tile: int = QUERY_TILE,
 ) -> int:
     """Tiles one step costs an interpreted kernel: a launch per layer, then per head
-    and sequence one tile per (query block x key block)."""
+    and sequence one tile per (query block x key block); a query block is
+    ``query_tile`` tokens (``Capabilities.query_tile``: 1 for a decode-only kernel)."""
     tiles = sum(
-        math.ceil(max(q, 1) / QUERY_TILE) * math.ceil(max(c, 1) / KEY_TILE)
+        math.ceil(max(q, 1) / query_tile) * math.ceil(max(c, 1) / KEY_TILE)
         for q, c in zip(query_lens, context_lens, strict=True)
     )
     return num_layers * (1 + num_heads * tiles)
 
 
-def scenarios_work(scenarios: Iterable[Scenario]) -> int:
+def scenarios_work(scenarios: Iterable[Scenario], query_tile: int = QUERY_TILE) -> int:
     """``step_work`` summed over an example's steps (every rank's, every layer's)."""
     return sum(
-        step_work(s.num_layers, s.num_heads, s.query_lens, s.context_lens) for s in scenarios
+        step_work(s.num_layers, s.num_heads, s.query_lens, s.context_lens, query_tile)
+        for s in scenarios
     )
 
 

@@ -314,9 +314,8 @@ def conformance_machine(
                 pad_to = len(requests) + data.draw(st.integers(0, 2))
             g = self.group
             queries = [q for _, q in requests]
-            work = step_work(
-                g.num_layers, g.num_heads, queries, [rank.cached_len(s) + q for s, q in requests]
-            )
+            contexts = [rank.cached_len(s) + q for s, q in requests]
+            work = step_work(g.num_layers, g.num_heads, queries, contexts, caps.query_tile)
             shown = f"queries {queries}"
             if costs is not None and not costs.admit_step(work, shown, max_steps):
                 self.run.skipped["step: over the interpreted budget"] += 1

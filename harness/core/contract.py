@@ -209,6 +209,9 @@ class Capabilities:
     # The most elements one layer's cache tensor may hold: a kernel that indexes its cache
     # with 32-bit offsets claims 2**31 - 1 (the suite then draws no pool past it).
     max_cache_elements: int | None = None
+    # Query tokens one kernel program takes (what an interpreted run's cost is counted in):
+    # a decode-only kernel that runs each query token as a decode row takes 1.
+    query_tile: int = 16
 
     def __post_init__(self) -> None:
         for pair in self.incompatible:
@@ -220,6 +223,7 @@ class Capabilities:
                     f"{', '.join(VARIANT_FEATURES)} joined by '+'"
                 )
         for name in (
+            "query_tile",
             "page_size_multiple",
             "fp8_page_size_multiple",
             "head_dim_multiple",

@@ -136,13 +136,13 @@ class GraphStep:
 
     def check_output(self, output: object) -> tuple[str | None, Comparison | None]:
         """``(problem, comparison)``: ``problem`` is ``None`` when it passes the oracle."""
-        query = self.inputs.queries[0]
+        query, shape = self.inputs.queries[0], self.inputs.output_shape(0)
         if not isinstance(output, torch.Tensor):
             return f"forward returned {type(output).__name__}, not a tensor", None
-        if output.shape != query.shape or output.dtype != query.dtype:
+        if tuple(output.shape) != shape or output.dtype != query.dtype:
             return (
                 f"forward returned {tuple(output.shape)} {output.dtype}, "
-                f"expected {tuple(query.shape)} {query.dtype}",
+                f"expected {shape} {query.dtype}",
                 None,
             )
         (comparison,) = check_outputs(self.inputs, [output])

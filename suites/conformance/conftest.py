@@ -214,7 +214,7 @@ def _check_within_budget(
 ) -> None:
     scenarios = _scenarios((entry, *args))
     costs = ledger.for_test(entry.name, current_item())
-    work = scenarios_work(scenarios)
+    work = scenarios_work(scenarios, entry.capabilities.query_tile)
     shown = "; ".join(s.describe() for s in scenarios[:2])
     if not costs.admit(work, shown):
         return
