@@ -6,6 +6,8 @@ page format's views are checked against the kernel's own write op, bit for bit.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -51,16 +53,20 @@ def test_the_quick_check_passes():
     assert not failed, failed[0]
 
 
-def test_it_is_the_engine_peer_of_a_benchmark_run_on_its_own_pages():
+def quick_run(names: tuple[str, ...], workload: str) -> Any:
+    """A benchmark run of ``names`` on ``workload``, five samples a case."""
     from harness.bench.runner import BenchConfig, run_benchmarks
     from harness.bench.timing import TimingConfig
     from harness.bench.workloads import get_workload
 
-    registry = default_registry()
-    backends = [registry.resolve("sdpa"), registry.resolve("vllm-cpu")]
-    workload = get_workload("decode-sweep")
+    backends = [default_registry().resolve(name) for name in names]
     quick = TimingConfig(warmup=1, min_samples=5, max_samples=5, budget_s=0.2)
-    run = run_benchmarks(backends, [workload], BenchConfig(timing=quick, probe_ceilings=False))
+    config = BenchConfig(timing=quick, probe_ceilings=False)
+    return run_benchmarks(backends, [get_workload(workload)], config)
+
+
+def test_it_is_the_engine_peer_of_a_benchmark_run_on_its_own_pages():
+    run = quick_run(("sdpa", "vllm-cpu"), "decode-sweep")
     ours = [c for c in run.cases if c.backend == "sdpa"]
     engine = [c for c in run.cases if c.backend == "vllm-cpu"]
     assert [c.status for c in engine] == ["PASSED"] * len(engine)  # pages of 16: vec16
@@ -78,15 +84,10 @@ def test_the_mla_decode_passes_the_quick_check():
 
 
 def test_it_is_the_engine_peer_of_an_mla_benchmark_run():
-    from harness.bench.runner import BenchConfig, run_benchmarks
-    from harness.bench.timing import TimingConfig
     from harness.bench.workloads import get_workload
 
-    registry = default_registry()
-    backends = [registry.resolve(n) for n in ("compiled-mla", "vllm-cpu-mla", "compiled")]
     workload = get_workload("mla-decode-sweep")
-    quick = TimingConfig(warmup=1, min_samples=5, max_samples=5, budget_s=0.2)
-    run = run_benchmarks(backends, [workload], BenchConfig(timing=quick, probe_ceilings=False))
+    run = quick_run(("compiled-mla", "vllm-cpu-mla", "compiled"), workload.name)
     assert "compiled" not in {c.backend for c in run.cases}  # an MHA backend: not asked
     ours = [c for c in run.cases if c.backend == "compiled-mla"]
     engine = [c for c in run.cases if c.backend == "vllm-cpu-mla"]

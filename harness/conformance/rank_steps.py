@@ -175,6 +175,7 @@ class RankSteps:
             scale=g.softmax_scale,
             causal=g.causal,
             variant=g.variant,
+            value_dim=g.value_dim,
         )
         result = compare(out, exact, naive, g.dtype)
         if not result.passed:

@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from harness.numerics.canary import changed_slots, snapshot
 from harness.core.contract import LayerCache
+from harness.core.kv_pages import PoolLayout
 from harness.dist.coordination import pad_step
 from harness.dist.schedule import DistSetup, RankSchedule, RankStep, rank_caches
-from harness.core.kv_pages import PoolLayout
+from harness.numerics.canary import changed_slots, snapshot
 from harness.numerics.oracle import references
 from harness.numerics.tolerance import compare, error_bound
 
@@ -115,7 +115,7 @@ class GroupChecker:
         for layer, (out, twin) in enumerate(zip(outputs, shared_out, strict=True)):
             query_lens = rank_step.query_lens
             args = (rank_step.queries[layer], rank_step.sequences[layer], query_lens)
-            exact, naive = references(*args, scale=s.scale, causal=True)
+            exact, naive = references(*args, scale=s.scale, causal=True, value_dim=s.value_dim)
             full = _unpadded(out, exact.output.shape, rank_step.real_tokens)
             if full is None:
                 verdict.problem = verdict.problem or (

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from harness.core.dtypes import dtype_name
-
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from harness.core.dtypes import dtype_name
 from harness.dist.schedule import DistSetup
+from harness.numerics.latent import latent_pairs
 
 
 def fit_claim(setup: DistSetup, caps: Any) -> DistSetup:
@@ -16,14 +16,24 @@ def fit_claim(setup: DistSetup, caps: Any) -> DistSetup:
     and its padding rows in the backend's form.
 
     A backend that claims no page size 16 or head dim 32 is not wrong: the run
-    takes the claimed value nearest to them instead of refusing it.
+    takes the claimed value nearest to them instead of refusing it. An MLA
+    backend's run takes one latent head of the first geometry it claims.
     """
     changes: dict[str, Any] = {}
+    if caps.kind == "mla" and setup.kv_lora_rank is None:  # one latent head of a claimed width
+        rank, rope = latent_pairs(caps)[0]
+        setup = replace(setup, num_kv_heads=1, head_dim=rank + rope, kv_lora_rank=rank)
     if setup.padding_convention != caps.padding_convention:
         changes["padding_convention"] = caps.padding_convention
     rules = (
         ("page_size", caps.page_sizes, caps.allows_page_size, caps.page_size_multiple, 1),
-        ("head_dim", caps.head_dims, caps.allows_head_dim, caps.head_dim_multiple, caps.min_head_dim),
+        (
+            "head_dim",
+            caps.head_dims,
+            caps.allows_head_dim,
+            caps.head_dim_multiple,
+            caps.min_head_dim,
+        ),
     )
     for name, claim, allows, multiple, minimum in rules:
         wanted = getattr(setup, name)

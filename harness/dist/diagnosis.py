@@ -114,7 +114,9 @@ def _stuck(statuses: Statuses, codes: Codes, beats: Beats) -> RunFailure | None:
     """Only collective errors: the cause is a rank that never started, or one stuck outside."""
     for rank, beat in enumerate(beats):
         if beat is None and statuses[rank] is None:
-            return RunFailure(1, f"rank {rank} never started; the others' collectives timed out", rank)
+            return RunFailure(
+                1, f"rank {rank} never started; the others' collectives timed out", rank
+            )
     for beat in beats:
         if beat is not None and not beat.waiting and statuses[beat.rank] is None:
             message = f"rank {beat.rank} hung at {beat.where()}: the others' collectives timed out"

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.core.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from harness.core.exit_codes import EXIT_OK
 
 WORKLOAD = "dist-dp-scaling"
 VERSION = 1

@@ -52,6 +52,7 @@ class DistSetup:
     chunk: int = 16  # prefill chunk: longer prompts are prefilled over several steps
     max_decode: int = 12  # tokens a sequence decodes before it finishes
     padding_convention: str = "empty"  # the backend's (``Capabilities.padding_convention``)
+    kv_lora_rank: int | None = None  # MLA: head_dim is the latent width, values its first this
 
     def __post_init__(self) -> None:
         for name in ("dp_size", "steps", "num_heads", "num_kv_heads", "head_dim", "page_size"):
@@ -73,6 +74,11 @@ class DistSetup:
     @property
     def scale(self) -> float:
         return 1.0 / math.sqrt(self.head_dim)
+
+    @property
+    def value_dim(self) -> int:
+        """Width of a value row and an output row (MLA: ``kv_lora_rank``)."""
+        return self.head_dim if self.kv_lora_rank is None else self.kv_lora_rank
 
     @property
     def longest(self) -> int:
@@ -208,6 +214,8 @@ class RankSchedule:
         query = draw(tokens, s.num_heads, s.head_dim)
         key = draw(tokens, s.num_kv_heads, s.head_dim)
         value = draw(tokens, s.num_kv_heads, s.head_dim)
+        if s.kv_lora_rank is not None:  # MLA: a latent row's value is its first entries
+            value = key[..., : s.kv_lora_rank]
         result.queries.append(query)
         result.keys.append(key)
         result.values.append(value)
@@ -263,6 +271,7 @@ def rank_caches(setup: DistSetup, rank: int, layout: PoolLayout) -> list[LayerCa
         layout=layout,
         dp_size=setup.dp_size,
         dp_rank=rank,
+        value_dim=setup.kv_lora_rank,
     )
     if setup.padding_pages:
         for cache in caches:

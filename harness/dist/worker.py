@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness.core.kv_pages import PoolLayout
 from harness.dist.check import GroupChecker, RankVerdict, run_layers
 from harness.dist.claims import claim_problems, fit_claim
 from harness.dist.coordination import CountReport, group_counts, pad_step
@@ -31,7 +32,6 @@ from harness.dist.faults import Fault, corrupt, strike
 from harness.dist.group import die_with_parent, join_group, rank_device
 from harness.dist.progress import Heartbeat, write_summary
 from harness.dist.schedule import DistSetup, RankSchedule, rank_caches
-from harness.core.kv_pages import PoolLayout
 
 SUMMARY_FIELDS = (
     "steps", "seed", "dtype", "device", "graph",
@@ -61,7 +61,9 @@ def backend_factory(entry: Any, setup: DistSetup) -> BackendFactory:
     """Build ``entry`` for a given dp_rank of the setup's group."""
     from harness.core.registry import DPBackendConfig, HeadConfig, instantiate_backend
 
-    heads = HeadConfig(setup.num_heads, setup.num_kv_heads, setup.head_dim, setup.scale)
+    heads = HeadConfig(
+        setup.num_heads, setup.num_kv_heads, setup.head_dim, setup.scale, setup.kv_lora_rank
+    )
 
     def make(rank: int) -> Any:
         return instantiate_backend(

@@ -34,6 +34,7 @@ import argparse
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 
@@ -78,11 +79,10 @@ SIZES = (
 )
 
 
-def scenario_for(size: Size, dtype: torch.dtype, seed: int = 0) -> Scenario:
+def scenario_for(size: Size, dtype: torch.dtype, seed: int = 0, **heads: Any) -> Scenario:
+    """One layer of ``size`` on pages of 16 (H=32, KV=8, D=128 unless ``heads`` says)."""
+    geometry = {"num_heads": 32, "num_kv_heads": 8, "head_dim": 128} | heads
     return Scenario(
-        num_heads=32,
-        num_kv_heads=8,
-        head_dim=128,
         page_size=16,
         num_layers=1,
         total_pages=sum(pages_needed(c, 16) for c in size.context_lens) + 1,
@@ -90,6 +90,7 @@ def scenario_for(size: Size, dtype: torch.dtype, seed: int = 0) -> Scenario:
         query_lens=size.query_lens,
         dtype=dtype,
         seed=seed,
+        **geometry,
     )
 
 
@@ -416,19 +417,15 @@ MLA_SCALE = 192**-0.5  # DeepSeek's: 1 / sqrt(qk_nope 128 + qk_rope 64), not of 
 
 
 def mla_scenario_for(size: Size, dtype: torch.dtype, seed: int = 0) -> Scenario:
-    return Scenario(
+    return scenario_for(
+        size,
+        dtype,
+        seed,
         num_heads=MLA_HEADS,
         num_kv_heads=1,
         head_dim=KV_LORA_RANK + ROPE_DIM,
         kv_lora_rank=KV_LORA_RANK,
         scale=MLA_SCALE,
-        page_size=PAGE,
-        num_layers=1,
-        total_pages=sum(pages_needed(c, PAGE) for c in size.context_lens) + 1,
-        context_lens=size.context_lens,
-        query_lens=size.query_lens,
-        dtype=dtype,
-        seed=seed,
     )
 
 

@@ -101,8 +101,13 @@ def visible_mask(
     return visible
 
 
-def output_dim(query: torch.Tensor, sequences: Sequence[SequenceKV | None]) -> int:
-    """The width of an output row: the values' (MLA: ``kv_lora_rank``), else the query's."""
+def output_dim(
+    query: torch.Tensor, sequences: Sequence[SequenceKV | None], value_dim: int | None = None
+) -> int:
+    """The width of an output row: ``value_dim`` where given (MLA: ``kv_lora_rank``; a step
+    of padding rows only has no values to read it from), else the values', else the query's."""
+    if value_dim is not None:
+        return value_dim
     first = next((seq for seq in sequences if seq is not None), None)
     return int(first.value.shape[-1]) if first is not None else int(query.shape[-1])
 
@@ -262,6 +267,7 @@ def oracle_attention(
     scale: float,
     causal: bool = True,
     variant: AttentionVariant = PLAIN,
+    value_dim: int | None = None,
 ) -> OracleOutput:
     """Exact attention for a ragged batch; ``None`` marks a padding row (not checked).
 
@@ -269,7 +275,8 @@ def oracle_attention(
     (the soft-cap's ``cap``, the largest ALiBi bias, the sink's ``|s|``).
     """
     num_tokens, num_heads, _ = query.shape
-    out = torch.zeros(num_tokens, num_heads, output_dim(query, sequences), dtype=torch.float64)
+    width = output_dim(query, sequences, value_dim)
+    out = torch.zeros(num_tokens, num_heads, width, dtype=torch.float64)
     value_scale = torch.zeros(num_tokens, num_heads, dtype=torch.float64)
     logit_scale = torch.zeros(num_tokens, num_heads, dtype=torch.float64)
     rounding_scale = torch.zeros(num_tokens, num_heads, dtype=torch.float64)
@@ -318,6 +325,7 @@ def naive_attention(
     scale: float,
     causal: bool = True,
     variant: AttentionVariant = PLAIN,
+    value_dim: int | None = None,
 ) -> torch.Tensor:
     """Attention as a straightforward same-dtype implementation computes it.
 
@@ -328,7 +336,7 @@ def naive_attention(
     """
     dtype = query.dtype
     num_tokens, num_heads, _ = query.shape
-    out = torch.zeros(num_tokens, num_heads, output_dim(query, sequences), dtype=dtype)
+    out = torch.zeros(num_tokens, num_heads, output_dim(query, sequences, value_dim), dtype=dtype)
     for row in _grouped_rows(query, sequences, query_lens, causal, dtype, variant.sliding_window):
         logits, sinks = variant_logits(row, scale, variant, torch.float32)
         probs, _ = softmax_with_sink(logits, sinks)
@@ -345,9 +353,15 @@ def references(
     scale: float,
     causal: bool = True,
     variant: AttentionVariant = PLAIN,
+    value_dim: int | None = None,
 ) -> tuple[OracleOutput, torch.Tensor]:
     """The oracle and the naive same-dtype output: what ``tolerance.compare`` takes."""
-    options: dict[str, Any] = {"scale": scale, "causal": causal, "variant": variant}
+    options: dict[str, Any] = {
+        "scale": scale,
+        "causal": causal,
+        "variant": variant,
+        "value_dim": value_dim,
+    }
     return (
         oracle_attention(query, sequences, query_lens, **options),
         naive_attention(query, sequences, query_lens, **options),

@@ -207,6 +207,7 @@ class StepInputs:
                 scale=s.softmax_scale,
                 causal=s.causal,
                 variant=s.variant,
+                value_dim=s.value_dim,
             )
         return self._references[layer]
 
