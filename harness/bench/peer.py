@@ -53,6 +53,12 @@ class ContiguousPeer:
     the K/V dequantized in the model dtype (quantized as a correct backend
     stores them), as an engine without an FP8 kernel would: its ratio shows
     what reading FP8 pages saves, or costs.
+
+    MLA: each latent row is both the key and the value, as an MLA kernel reads it,
+    and ``assemble`` keeps each output's first ``kv_lora_rank`` entries (exactly the
+    attention over the values). Torch's fused CPU SDPA takes only equal key and value
+    widths; a value narrower than its key sends it to the math path, about 100 times
+    slower, and a ratio to that would say nothing.
     """
 
     def __init__(self, inputs: StepInputs) -> None:
@@ -73,6 +79,8 @@ class ContiguousPeer:
             assert all(seq is not None for seq in seqs)
             keys = torch.stack([seq.key for seq in seqs if seq is not None])
             values = torch.stack([seq.value for seq in seqs if seq is not None])
+            if s.is_mla:  # the latent rows as values too: one width, SDPA's fused CPU path
+                values = keys
             variant = s.variant
             if variant.cache_dtype is not None:
                 stored = variant.cache_dtype
@@ -120,5 +128,6 @@ class ContiguousPeer:
         first = outputs[0]
         out = torch.zeros(self.shape, dtype=first.dtype, device=first.device)
         for group, result in zip(self.groups, outputs, strict=True):
-            out[group.tokens] = result.transpose(1, 2).reshape(-1, *self.shape[1:])
+            rows = result.transpose(1, 2)[..., : self.shape[-1]]  # MLA: the value part
+            out[group.tokens] = rows.reshape(-1, *self.shape[1:])
         return out
