@@ -399,8 +399,15 @@ def write_tokens(
 
 
 def is_latent(cache: LayerCache) -> bool:
-    """Whether ``cache`` is an MLA latent cache: its value a narrower view of its key."""
-    return cache.value_dim < cache.head_dim and cache.value.data_ptr() == cache.key.data_ptr()
+    """Whether ``cache`` is an MLA latent cache: its value the first entries of each key row,
+    in place (the same memory, offset and strides), narrower than the key."""
+    key, value = cache.key, cache.value
+    return (
+        cache.value_dim < cache.head_dim
+        and value.untyped_storage().data_ptr() == key.untyped_storage().data_ptr()
+        and value.storage_offset() == key.storage_offset()
+        and value.stride() == key.stride()
+    )
 
 
 def read_tokens(

@@ -19,7 +19,7 @@ import torch
 
 from harness.core.contract import AttentionMetadata, LayerCache
 from harness.core.errors import CacheBindingError, ForeignPageError, MetadataError
-from harness.core.kv_pages import FP8_DTYPES, dp_page_range, pages_needed
+from harness.core.kv_pages import FP8_DTYPES, dp_page_range, is_latent, pages_needed
 from harness.core.variants import CACHE_LAYOUTS
 
 
@@ -164,7 +164,7 @@ def validate_layer_caches(
                 f"{wanted_value} in the backend"
                 + (" (its kv_lora_rank)" if value_dim is not None else "")
             )
-        if value_dim is not None and not _is_latent_prefix(cache):
+        if value_dim is not None and not is_latent(cache):
             raise CacheBindingError(
                 f"{where}: an MLA layer's value must be the view key[..., :kv_lora_rank] of "
                 "its latent cache (the same memory), not a tensor of its own"
@@ -205,16 +205,6 @@ def validate_layer_caches(
         dtype=first.key.dtype,
         device=first.key.device,
         layout=first.layout,
-    )
-
-
-def _is_latent_prefix(cache: LayerCache) -> bool:
-    """Whether ``cache.value`` is the first entries of each ``cache.key`` row, in place."""
-    key, value = cache.key, cache.value
-    return (
-        value.untyped_storage().data_ptr() == key.untyped_storage().data_ptr()
-        and value.storage_offset() == key.storage_offset()
-        and value.stride() == key.stride()
     )
 
 
