@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from harness.bench.fresh_inputs import InputPool
+from harness.bench.timed_checks import BackendTarget
 from harness.bench.timing import device_type
 from harness.bench.workloads import CaseSpec, Workload
 from harness.core.contract import Capabilities, LayerCache, capabilities_of
@@ -72,6 +74,7 @@ class PreparedCase:
     spec: CaseSpec
     device: str
     inputs: StepInputs
+    pool: InputPool | None = field(default=None, init=False)  # its timed calls' fresh inputs
     _copies: dict[tuple[str, str], list[LayerCache]] = field(init=False, repr=False)
     _pristine: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = field(init=False, repr=False)
 
@@ -242,10 +245,13 @@ class CheckedBackend:
     timed: Any = None
     graph_mode: bool = False  # the timed instance is prepared for CUDA-graph capture
 
-    def forward_fn(self, case: PreparedCase) -> Callable[[], object]:
-        query, key, value = case.forward_args()
-        backend = self.timed
-        return lambda: backend.forward(query, key, value, 0)
+    def target(self, case: PreparedCase) -> BackendTarget:
+        """The timed instance's ``forward`` over input buffers of its own (refilled before
+        every timed call), on the caches it was checked on."""
+        caches = case.caches_for(capabilities_of(type(self.timed)))
+        return BackendTarget.over(
+            self.timed, case.forward_args(), caches, case.spec.variant.quantized
+        )
 
     def prepare_fn(self, case: PreparedCase) -> Callable[[], object]:
         backend, metadata, graph = self.timed, case.inputs.step.metadata, self.graph_mode

@@ -30,6 +30,7 @@ class _PeerGroup:
     mask: torch.Tensor | None  # a CausalBias (bottom-right causal, q < L), or None
     is_causal: bool
     tokens: torch.Tensor  # [B * q] query-token ids, in (b, j) order
+    starts: tuple[int, ...]  # each member's first query token
 
 
 class ContiguousPeer:
@@ -106,8 +107,10 @@ class ContiguousPeer:
                     mask=mask,
                     is_causal=causal and q == length,
                     tokens=torch.tensor(tokens, dtype=torch.long, device=query.device),
+                    starts=tuple(b for _, b in members),
                 )
             )
+        self.variant, self.is_mla = s.variant, s.is_mla
 
     def __call__(self) -> list[torch.Tensor]:
         return [
@@ -122,6 +125,24 @@ class ContiguousPeer:
             )
             for g in self.groups
         ]
+
+    def load(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Another step's query and new tokens' K/V (``[T, H, D]``, ``[T, KV, D]``) in
+        place of this one's, over the same cached prefix: a timed call's fresh inputs."""
+        variant = self.variant
+        if variant.cache_dtype is not None:  # as a correct backend stores them, dequantized
+            stored = variant.cache_dtype
+            key = dequantize(quantize(key, variant.k_scale, stored), variant.k_scale)
+            value = dequantize(quantize(value, variant.v_scale, stored), variant.v_scale)
+        if self.is_mla:
+            value = key
+        for g in self.groups:
+            q, length = g.query.shape[2], g.key.shape[2]
+            for member, start in enumerate(g.starts):
+                new = slice(start, start + q)
+                g.query[member].copy_(query[new].transpose(0, 1))
+                g.key[member, :, length - q :].copy_(key[new].transpose(0, 1))
+                g.value[member, :, length - q :].copy_(value[new].transpose(0, 1))
 
     def assemble(self, outputs: list[torch.Tensor]) -> torch.Tensor:
         """The ``[T, H, D]`` output in token order."""

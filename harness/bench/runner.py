@@ -70,17 +70,28 @@ from harness.bench.ceilings import (
 )
 from harness.bench.engine_peer import add_engine_ratios, engine_in
 from harness.bench.environment import fingerprint
+from harness.bench.fresh_inputs import InputPool, pool_size
 from harness.bench.metrics import MEASUREMENT_ERROR, rates, roofline
 from harness.bench.peer import PEER_CLASS, PEER_NAME, ContiguousPeer
 from harness.bench.sdpa_pin import first_kernel_that_runs, says_no_kernel
+from harness.bench.timed_checks import (
+    CallTarget,
+    PeerTarget,
+    Problem,
+    TimedCalls,
+    checked_calls,
+)
 from harness.bench.timing import (
     CacheFlusher,
     HostClock,
     Measurement,
     TimingConfig,
+    capture_cuda_graph,
+    default_clock,
     device_type,
     long_lived_objects_frozen,
     measure,
+    time_one,
     timer_overhead,
 )
 from harness.bench.workloads import CaseSpec, Workload
@@ -174,7 +185,9 @@ class BenchConfig:
 
 
 ProgressFn = Callable[[int, int, str], None]
-Attempt = tuple[CaseCheck, dict[str, TimingRecord]]
+Attempt = tuple[CaseCheck, dict[str, Any]]
+"""A check's verdict and what its record keeps of the timing: ``forward``, ``prepare``,
+``timed_checks``."""
 SDPA_BACKEND_CLASSES = frozenset({"reference_backends.sdpa.SdpaBackend"})
 """Backends timed under a pinned SDPA kernel, like the peer: the ones that call SDPA."""
 
@@ -205,14 +218,29 @@ class _Runner:
         self.done += 1
         self.progress(self.done, self.total, label)
 
-    def _time_forward(self, fn: Callable[[], object]) -> TimingRecord:
-        m = measure(
-            fn,
-            device=self.config.device,
-            config=self.config.timing,
-            flusher=self.flusher,
+    def _time_forward(self, target: CallTarget, case: PreparedCase) -> TimedForward:
+        """Time ``target`` on fresh inputs, every call watched (``harness.bench.timed_checks``)."""
+        config = self.config.timing
+        pool = case_pool(case, config)
+        calls = TimedCalls(
+            pool,
+            target,
+            checked_calls(case.spec.seed, config.warmup, config.min_samples),
+            case.inputs.queries[0].dtype,
         )
-        return TimingRecord.from_measurement(m)
+        timing = replace(config, max_samples=min(config.max_samples, pool.size - config.warmup))
+        call: Callable[[], object] = target
+        if self.graph_mode:  # captured once here, so the repeats replay the same graph
+            call = capture_cuda_graph(target, self.config.device)
+            timing = replace(timing, cuda_graph=False)
+        m = measure(
+            call, device=self.config.device, config=timing, flusher=self.flusher, hooks=calls
+        )
+        if self.graph_mode:
+            m = replace(m, clock=f"{m.clock}+cuda_graph")
+        clock = default_clock(self.config.device)
+        repeats = calls.repeat(lambda: time_one(call, clock, self.flusher), m.samples_ns)
+        return TimedForward(TimingRecord.from_measurement(m), calls.problem, calls.record(repeats))
 
     def _time_prepare(self, fn: Callable[[], object]) -> TimingRecord:
         is_cuda = device_type(self.config.device) == "cuda"
@@ -268,15 +296,18 @@ class _Runner:
         return first_kernel_that_runs(attempt, lambda got: says_no_kernel(got[0].error))
 
     def _peer_attempt(self, case: PreparedCase) -> Attempt:
-        timings: dict[str, TimingRecord] = {}
+        timings: dict[str, Any] = {}
         try:
             with deadline(self.config.case_timeout_s):
                 peer = ContiguousPeer(case.inputs)
-                if case.spec.variant.quantized:
+                quantized = case.spec.variant.quantized
+                if quantized:
                     case.store_new_tokens()
                 verdict = check_output(case, peer.assemble(peer()))
                 if verdict.status == "PASSED":  # a wrong peer gives no ratio: do not time it
-                    timings["forward"] = self._time_forward(peer)
+                    timed = self._time_forward(PeerTarget(peer, quantized), case)
+                    verdict = timed.verdict(verdict, "peer: ")
+                    timings.update(forward=timed.forward, timed_checks=timed.checks)
         except CaseTimeout as exc:
             verdict, timings = CaseCheck("TIMEOUT", f"peer: {describe(exc)}"), {}
         except Exception as exc:  # the harness's own peer failed: say so, keep going
@@ -319,14 +350,16 @@ class _Runner:
         self._tick(f"{case.prefix} {entry.name}")
 
     def _backend_attempt(self, entry: BackendEntry, case: PreparedCase) -> Attempt:
-        timings: dict[str, TimingRecord] = {}
+        timings: dict[str, Any] = {}
         try:
             with deadline(self.config.case_timeout_s):
                 checked = check_backend(entry, case, graph_mode=self.graph_mode)
                 verdict = checked.verdict
                 if checked.timed is not None:  # PASSED: only a correct answer is timed
                     timings["prepare"] = self._time_prepare(checked.prepare_fn(case))
-                    timings["forward"] = self._time_forward(checked.forward_fn(case))
+                    timed = self._time_forward(checked.target(case), case)
+                    verdict = timed.verdict(verdict)
+                    timings.update(forward=timed.forward, timed_checks=timed.checks)
         except CaseTimeout as exc:
             verdict, timings = CaseCheck("TIMEOUT", describe(exc)), {}
         except Exception as exc:  # raised while timing: its samples are not a result
@@ -362,6 +395,30 @@ class _Runner:
         gc.collect()
         if device_type(self.config.device) == "cuda":
             torch.cuda.empty_cache()
+
+
+@dataclass(frozen=True)
+class TimedForward:
+    """A forward timing, what its checks found, and what the record keeps of them."""
+
+    forward: TimingRecord
+    problem: Problem | None
+    checks: dict[str, Any]
+
+    def verdict(self, checked: CaseCheck, prefix: str = "") -> CaseCheck:
+        """``checked`` (the check before timing), unless the timed calls failed theirs."""
+        if self.problem is None:
+            return checked
+        return CaseCheck(self.problem.status, prefix + self.problem.cause, checked.oracle)
+
+
+def case_pool(case: PreparedCase, timing: TimingConfig) -> InputPool:
+    """The case's fresh inputs (``harness.bench.fresh_inputs``), drawn at its first timing."""
+    if case.pool is None:
+        wanted = timing.warmup + timing.max_samples
+        size = pool_size(case.inputs, wanted, device_type(case.device))
+        case.pool = InputPool.draw(case.inputs, size, seed=case.spec.seed)
+    return case.pool
 
 
 def case_record(case: PreparedCase, backend: str, status: str, **kw: Any) -> CaseRecord:

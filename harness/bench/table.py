@@ -20,7 +20,14 @@ if TYPE_CHECKING:
 WIDTH = 110  # detail and legend lines below the table are wrapped to this
 BACKEND_WIDTH = 28  # longer backend specs are shortened in the table
 FAILING = frozenset(
-    {"INCORRECT_NUMERICAL", "INCORRECT_SHAPE", "REJECTED_VALID", "RUNTIME_ERROR", "TIMEOUT"}
+    {
+        "INCORRECT_NUMERICAL",
+        "INCORRECT_SHAPE",
+        "INCORRECT_TIMING",
+        "REJECTED_VALID",
+        "RUNTIME_ERROR",
+        "TIMEOUT",
+    }
 )  # harness.results.store.FAILING_STATUSES, spelled out: this module imports no store at run time
 SUMMARY_KINDS = 3  # flag kinds the closing line names; the rest are counted
 

@@ -234,8 +234,12 @@ class CacheFlusher:
 # -- measuring ---------------------------------------------------------------------
 
 
-def capture_cuda_graph(fn: Callable[[], object], device: str) -> Callable[[], None]:
-    """Capture ``fn`` (warmed up on a side stream, as CUDA graphs require) for replay."""
+def capture_cuda_graph(fn: Callable[[], object], device: str) -> Callable[[], object]:
+    """Capture ``fn`` (warmed up on a side stream, as CUDA graphs require) for replay.
+
+    The replay returns what ``fn`` returned while captured: the graph's output tensors,
+    which each replay overwrites, so a timed replay's output can be checked like a call's.
+    """
     dev = torch.device(device)
     stream = torch.cuda.Stream(dev)
     stream.wait_stream(torch.cuda.current_stream(dev))
@@ -246,25 +250,54 @@ def capture_cuda_graph(fn: Callable[[], object], device: str) -> Callable[[], No
     graph = torch.cuda.CUDAGraph()
     with shielded():  # a case deadline firing mid-capture would leave the stream capturing
         with torch.cuda.graph(graph):
-            fn()
+            captured = fn()
         torch.cuda.synchronize(dev)
-    return graph.replay
+
+    def replay() -> object:
+        graph.replay()
+        return captured
+
+    return replay
+
+
+class CallHooks(Protocol):
+    """What ``measure`` does around each timed call besides timing it, outside the timed
+    region: give call ``index`` its inputs (before the cache flush), keep its output,
+    and look at the kept outputs once a batch's times are resolved."""
+
+    @property
+    def final(self) -> int:
+        """The number of the last timed call, whatever the count before it."""
+
+    def load(self, index: int) -> None: ...
+
+    def keep(self, index: int, output: object) -> None: ...
+
+    def settle(self) -> None: ...
 
 
 def _timed_batch(
     call: Callable[[], object],
     clock: Clock,
     flush: Callable[[], None] | None,
-    count: int,
+    indices: Sequence[int],
+    hooks: CallHooks | None = None,
 ) -> list[int]:
     pairs = []
-    for _ in range(count):
+    for index in indices:
+        if hooks is not None:
+            hooks.load(index)
         if flush is not None:
             flush()
         start = clock.mark()
-        call()
+        output = call()
         pairs.append((start, clock.mark()))
-    return clock.elapsed_ns(pairs)
+        if hooks is not None:
+            hooks.keep(index, output)
+    elapsed = clock.elapsed_ns(pairs)
+    if hooks is not None:
+        hooks.settle()
+    return elapsed
 
 
 def measure(
@@ -276,6 +309,7 @@ def measure(
     clock: Clock | None = None,
     flusher: Callable[[], None] | None = None,
     wall_ns: Callable[[], int] = time.perf_counter_ns,
+    hooks: CallHooks | None = None,
 ) -> Measurement:
     """Time ``fn`` on ``device``: warm-up, then batches of samples until a stop rule fires.
 
@@ -283,6 +317,11 @@ def measure(
     a new ``CacheFlusher`` when ``config.cold_cache``; any other setup, such
     as a device synchronisation, can be passed instead). ``wall_ns`` measures
     the budget; tests pass a fake one together with a fake ``clock``.
+
+    With ``hooks`` (``harness.bench.timed_checks``) every call, warm-up included, is
+    numbered: call ``i`` gets its inputs from ``hooks.load(i)`` and its output goes to
+    ``hooks.keep``, and the last sample is one more call numbered ``hooks.final`` (so
+    ``max_samples`` counts it). The time the hooks take is not the budget's.
     """
     config = config or TimingConfig()
     clock = clock or default_clock(device)
@@ -295,25 +334,29 @@ def measure(
         if config.cuda_graph and device_type(device) == "cuda":
             call = capture_cuda_graph(fn, device)
             clock_name += "+cuda_graph"
+        timed = _HookedBatches(call, clock, flusher, hooks, wall_ns)
         gc.collect()
         started = wall_ns()
-        warmup = _timed_batch(call, clock, flusher, config.warmup)
+        warmup = timed.batch(config.warmup)
         samples: list[int] = []
         reason = STOP_MAX_SAMPLES
-        while len(samples) < config.max_samples:
-            missing = config.min_samples - len(samples)
+        last = 1 if hooks is not None else 0  # the final call, taken after the loop
+        while len(samples) < config.max_samples - last:
+            missing = config.min_samples - last - len(samples)
             count = missing if missing > 0 else config.check_every
-            count = min(count, config.max_samples - len(samples))
-            samples.extend(_timed_batch(call, clock, flusher, count))
-            if len(samples) >= config.max_samples:
+            count = min(count, config.max_samples - last - len(samples))
+            samples.extend(timed.batch(count))
+            if len(samples) >= config.max_samples - last:
                 break
             summary = Summary.of(samples, confidence=config.confidence)
             if summary.relative_ci_width <= config.target_rel_ci:
                 reason = STOP_CONVERGED
                 break
-            if wall_ns() - started >= config.budget_s * 1e9:
+            if wall_ns() - started - timed.hooks_ns >= config.budget_s * 1e9:
                 reason = STOP_BUDGET
                 break
+        if hooks is not None:
+            samples.extend(timed.batch(1, final=True))
     return Measurement(
         samples_ns=tuple(samples),
         warmup_ns=tuple(warmup),
@@ -324,6 +367,71 @@ def measure(
         flush_bytes=flush_bytes,
         confidence=config.confidence,
     )
+
+
+class _HookedBatches:
+    """Batches of timed calls numbered from 0, and the wall time their hooks took."""
+
+    def __init__(
+        self,
+        call: Callable[[], object],
+        clock: Clock,
+        flush: Callable[[], None] | None,
+        hooks: CallHooks | None,
+        wall_ns: Callable[[], int],
+    ) -> None:
+        self.call, self.clock, self.flush = call, clock, flush
+        self.hooks = None if hooks is None else _StopwatchHooks(hooks, wall_ns)
+        self.next = 0
+
+    @property
+    def hooks_ns(self) -> int:
+        return 0 if self.hooks is None else self.hooks.spent_ns
+
+    def batch(self, count: int, final: bool = False) -> list[int]:
+        if self.hooks is None:
+            return _timed_batch(self.call, self.clock, self.flush, range(count))
+        indices = [self.hooks.final] if final else range(self.next, self.next + count)
+        if not final:
+            self.next += count
+        return _timed_batch(self.call, self.clock, self.flush, indices, self.hooks)
+
+
+class _StopwatchHooks:
+    """``hooks``, with the wall time spent in them added up."""
+
+    def __init__(self, hooks: CallHooks, wall_ns: Callable[[], int]) -> None:
+        self.inner, self.wall_ns, self.spent_ns = hooks, wall_ns, 0
+
+    @property
+    def final(self) -> int:
+        return self.inner.final
+
+    def _timed(self, step: Callable[[], None]) -> None:
+        before = self.wall_ns()
+        step()
+        self.spent_ns += max(0, self.wall_ns() - before)
+
+    def load(self, index: int) -> None:
+        self._timed(lambda: self.inner.load(index))
+
+    def keep(self, index: int, output: object) -> None:
+        self._timed(lambda: self.inner.keep(index, output))
+
+    def settle(self) -> None:
+        self._timed(self.inner.settle)
+
+
+def time_one(
+    call: Callable[[], object], clock: Clock, flusher: Callable[[], None] | None
+) -> tuple[int, object]:
+    """One call timed as ``measure`` times each: flush, then the call between two marks."""
+    if flusher is not None:
+        flusher()
+    start = clock.mark()
+    output = call()
+    end = clock.mark()
+    return clock.elapsed_ns([(start, end)])[0], output
 
 
 def timer_overhead(

@@ -471,6 +471,51 @@ def make_step_inputs(
     return inputs
 
 
+def fresh_step_tokens(
+    inputs: StepInputs, gen: torch.Generator, layer: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Other contents for ``layer``'s query and new K/V: the same shapes, dtype and
+    distribution as the step's own (magnitude, value regime, FP8 range, MLA values as
+    the latent rows' prefix), drawn from ``gen`` on its device."""
+    s = inputs.scenario
+    regime = RegimeChannels(s.values, s.head_dim, s.seed)
+
+    def draw(
+        like: torch.Tensor, magnitude: float, shape: Callable[..., torch.Tensor]
+    ) -> torch.Tensor:
+        data = torch.randn(like.shape, generator=gen, device=gen.device) * magnitude
+        return shape(data).to(like.dtype)
+
+    query = draw(inputs.queries[layer], s.magnitude, regime.queries_and_keys)
+    key = fit_fp8(
+        draw(inputs.keys[layer], s.magnitude, regime.queries_and_keys), s.variant.k_scale, s.variant
+    )
+    if s.kv_lora_rank is not None:
+        return query, key, key[..., : s.kv_lora_rank]
+    value = fit_fp8(draw(inputs.values[layer], 1.0, regime.values), s.variant.v_scale, s.variant)
+    return query, key, value
+
+
+def with_step_tokens(
+    inputs: StepInputs, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+) -> StepInputs:
+    """``inputs`` (one layer) with this query and these new tokens' K/V: the same caches,
+    step and cached prefix, each sequence ending in the new tokens given."""
+    rows: list[SequenceKV | None] = []
+    start = 0
+    for row, seq in zip(inputs.step.rows, inputs.sequences[0], strict=True):
+        new = slice(start, start + row.query_len)
+        start += row.query_len
+        if seq is None:
+            rows.append(None)
+            continue
+        cached = row.seq_len - row.query_len
+        k = torch.cat([seq.key[:cached], key[new].to(seq.key.device)])
+        v = torch.cat([seq.value[:cached], value[new].to(seq.value.device)])
+        rows.append(SequenceKV(k, v))
+    return StepInputs(inputs.scenario, inputs.step, inputs.caches, [query], [key], [value], [rows])
+
+
 def store_step_tokens(inputs: StepInputs) -> None:
     """Write every layer's new K/V into the caches as a correct backend does (FP8: quantized)."""
     s = inputs.scenario

@@ -36,6 +36,7 @@ STATUSES = (
     "PASSED",
     "INCORRECT_NUMERICAL",
     "INCORRECT_SHAPE",
+    "INCORRECT_TIMING",
     "REJECTED_VALID",
     "RUNTIME_ERROR",
     "TIMEOUT",
@@ -130,6 +131,7 @@ class CaseRecord:
     flags: list[str] = field(default_factory=list)
     source: dict[str, Any] | None = None
     sdpa_kernel: str | None = None  # the SDPA kernel pinned for its check and timing
+    timed_checks: dict[str, Any] | None = None  # what was checked of its timed calls
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -163,6 +165,8 @@ class CaseRecord:
             data["source"] = self.source
         if self.sdpa_kernel is not None:  # only where pinned: other files are unchanged
             data["sdpa_kernel"] = self.sdpa_kernel
+        if self.timed_checks is not None:
+            data["timed_checks"] = self.timed_checks
         return data
 
     @classmethod
@@ -186,6 +190,7 @@ class CaseRecord:
             flags=list(data["flags"]),
             source=data.get("source"),
             sdpa_kernel=data.get("sdpa_kernel"),
+            timed_checks=data.get("timed_checks"),
         )
 
 

@@ -1,0 +1,277 @@
+"""The timed calls checked: what a benchmark times is work that was done, and done right.
+
+Checking a backend once and then timing it leaves the timed calls unwatched, and a
+kernel that skips work there wins (flashinfer-bench #228: outputs cached; #414: a
+stale CUDA-graph replay). So, on the CPU and on CUDA, graph replays included:
+
+* every timed call reads fresh inputs (``harness.bench.fresh_inputs``), copied into
+  the buffers it reads before the cache flush, outside the timed region;
+* every timed call's output is compared, bit for bit, with the call's before it:
+  for other inputs an equal output is a stale one (a cache keyed by the buffer, work
+  done on one call in N, a replay of another input's graph);
+* ``CHECKED_CALLS`` calls drawn at random among the first ones every timing makes
+  (seeded by the case, so every backend's are the same calls and one oracle serves
+  them all) and the last call are held to the float64 oracle, as the check before
+  timing is (an FP8 cache's oracle reads what that call stored);
+* after the samples, ``REPEATS`` calls read inputs already used: a backend that does
+  the work takes as long as on fresh ones, a cache keyed by the inputs' bytes returns
+  at once (``cached_by_content``).
+
+A problem found here fails the case: ``INCORRECT_NUMERICAL`` for a wrong or stale
+output, ``INCORRECT_TIMING`` for a time that cannot be the work (this, and a rate
+above what the machine can do: ``harness.bench.ceiling_evidence.impossible``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from harness.bench.fresh_inputs import InputPool, Variant
+from harness.bench.peer import ContiguousPeer
+from harness.core.contract import LayerCache
+from harness.core.kv_pages import write_tokens
+from harness.numerics.oracle import SequenceKV
+
+CHECKED_CALLS = 2
+"""Timed calls (besides the last) held to the oracle in each timing."""
+REPEATS = 3
+"""Calls after the samples that read inputs already used."""
+REPEAT_FACTOR = 4.0
+"""A repeated input this many times faster than the fastest fresh call is a cached output.
+A backend that computes takes as long on either: the inputs are copied and the caches
+flushed the same way, and only the bytes are the same."""
+
+
+class CallTarget(Protocol):
+    """What a timed callable reads and returns, as the checks see it."""
+
+    def __call__(self) -> object:
+        """One timed call."""
+
+    def load(self, variant: Variant) -> None:
+        """Write ``variant``'s contents where the timed call reads its inputs."""
+
+    def output(self, result: object) -> torch.Tensor:
+        """The call's ``[T, H, D]`` output."""
+
+    def stored(self, pool: InputPool, index: int) -> list[SequenceKV | None] | None:
+        """An FP8 case's K/V as the call just stored them (``None``: the variant's own)."""
+
+
+@dataclass
+class BackendTarget:
+    """A backend's ``forward`` over buffers of its own, refilled before every call."""
+
+    backend: Any
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    caches: list[LayerCache]
+    quantized: bool = False
+
+    @classmethod
+    def over(
+        cls,
+        backend: Any,
+        args: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        caches: list[LayerCache],
+        quantized: bool,
+    ) -> BackendTarget:
+        query, key, value = args
+        own_key = key.clone()
+        # MLA: the value is a view of the key (its latent rows' prefix), and stays one
+        own_value = (
+            own_key[..., : value.shape[-1]] if value.data_ptr() == key.data_ptr() else value.clone()
+        )
+        return cls(backend, query.clone(), own_key, own_value, caches, quantized)
+
+    def __call__(self) -> object:
+        return self.backend.forward(self.query, self.key, self.value, 0)
+
+    def load(self, variant: Variant) -> None:
+        self.query.copy_(variant.query)
+        self.key.copy_(variant.key)
+        if self.value.data_ptr() != self.key.data_ptr():
+            self.value.copy_(variant.value)
+
+    def output(self, result: object) -> torch.Tensor:
+        if not isinstance(result, torch.Tensor):
+            raise TypeError(f"forward returned {type(result).__name__}, not a tensor")
+        return result
+
+    def stored(self, pool: InputPool, index: int) -> list[SequenceKV | None] | None:
+        return pool.stored(index, self.caches) if self.quantized else None
+
+
+class PeerTarget:
+    """The contiguous SDPA peer, its query and new tokens refilled before every call."""
+
+    def __init__(self, peer: ContiguousPeer, quantized: bool) -> None:
+        self.peer, self.quantized = peer, quantized
+
+    def __call__(self) -> object:
+        return self.peer()
+
+    def load(self, variant: Variant) -> None:
+        self.peer.load(variant.query, variant.key, variant.value)
+
+    def output(self, result: object) -> torch.Tensor:
+        return self.peer.assemble(result)  # type: ignore[arg-type]
+
+    def stored(self, pool: InputPool, index: int) -> list[SequenceKV | None] | None:
+        return ideal_store(pool, index) if self.quantized else None
+
+
+@dataclass
+class Problem:
+    """Why a timing does not count: the status it gives the case and the cause."""
+
+    status: str
+    cause: str
+
+
+@dataclass
+class TimedCalls:
+    """``measure``'s hooks (``harness.bench.timing.CallHooks``) for one timing of one case."""
+
+    pool: InputPool
+    target: CallTarget
+    checked: frozenset[int]
+    dtype: torch.dtype
+    problem: Problem | None = None
+    calls: int = 0
+    oracle_checks: int = 0
+    _previous: torch.Tensor | None = field(default=None, repr=False)
+    _pending: list[tuple[int, torch.Tensor, list[SequenceKV | None] | None]] = field(
+        default_factory=list, repr=False
+    )
+
+    @property
+    def final(self) -> int:
+        return self.pool.size - 1
+
+    def load(self, index: int) -> None:
+        self.target.load(self.pool[index])
+
+    def keep(self, index: int, output: object) -> None:
+        self.calls += 1
+        if self.problem is not None:
+            return
+        try:
+            kept = self.target.output(output).detach().clone()
+        except (TypeError, RuntimeError) as exc:
+            self.problem = Problem("INCORRECT_SHAPE", f"timed call {index}: {exc}")
+            return
+        held = index in self.checked or index == self.final
+        stored = self.target.stored(self.pool, index) if held else None
+        self._pending.append((index, kept, stored))
+
+    def settle(self) -> None:
+        pending, self._pending = self._pending, []
+        for index, output, stored in pending:
+            if self.problem is not None:
+                return
+            previous, self._previous = self._previous, output
+            if previous is not None and _same_bits(output, previous):
+                self.problem = Problem(
+                    "INCORRECT_NUMERICAL",
+                    f"output of timed call {index} is bit for bit the output of the call before "
+                    "it, for other inputs: a stale output (cached by buffer, or work done on "
+                    "some calls only)",
+                )
+            elif index in self.checked or index == self.final:
+                self._hold(index, output, stored, "timed call")
+
+    def _hold(
+        self, index: int, output: torch.Tensor, stored: list[SequenceKV | None] | None, what: str
+    ) -> None:
+        self.oracle_checks += 1
+        comparison, worst = self.pool.reference(index, stored).compare(output, self.dtype)
+        if not comparison.passed:
+            detail = comparison.describe()
+            if comparison.worst_token >= 0:
+                detail = detail.replace(f"token {comparison.worst_token},", f"token {worst},")
+            self.problem = Problem(
+                "INCORRECT_NUMERICAL",
+                f"output of a timed call differs from the oracle: {what} {index}: {detail}",
+            )
+
+    def repeat(
+        self, timed_call: Callable[[], tuple[int, object]], fresh_ns: Sequence[int]
+    ) -> list[int]:
+        """``REPEATS`` calls on inputs already used, each timed by ``timed_call`` (flush,
+        call, its nanoseconds and output); their times. A cached output (``REPEAT_FACTOR``
+        faster than the fastest fresh call) or a wrong one sets ``problem``."""
+        if self.problem is not None or not fresh_ns:
+            return []
+        indices = [*sorted(self.checked), self.final][-REPEATS:]
+        times = []
+        for index in indices:
+            self.load(index)
+            elapsed, result = timed_call()
+            times.append(elapsed)
+            kept = self.target.output(result).detach().clone()
+            self._hold(index, kept, self.target.stored(self.pool, index), "repeated call")
+            if self.problem is not None:
+                return times
+        fastest = min(fresh_ns)
+        if statistics.median(times) * REPEAT_FACTOR < fastest:
+            self.problem = Problem(
+                "INCORRECT_TIMING",
+                "cached output: calls on inputs already used took "
+                f"{statistics.median(times) / 1e3:.3g} us against {fastest / 1e3:.3g} us for the "
+                f"fastest call on fresh inputs ({fastest / max(statistics.median(times), 1):.0f}x "
+                "faster): the work is not done when the inputs repeat",
+            )
+        return times
+
+    def record(self, repeat_ns: Sequence[int]) -> dict[str, Any]:
+        """What the results file keeps of these checks."""
+        return {
+            "calls": self.calls,
+            "pool": self.pool.size,
+            "oracle_checked_calls": sorted({*self.checked, self.final}),
+            "oracle_checks": self.oracle_checks,
+            "repeat_ns": list(repeat_ns),
+        }
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return bool(torch.equal(a.view(torch.uint8), b.view(torch.uint8)))
+
+
+def checked_calls(seed: int, warmup: int, min_samples: int) -> frozenset[int]:
+    """``CHECKED_CALLS`` call numbers among the first samples every timing takes (the
+    loop takes at least ``min_samples - 1`` before the final call), seeded by the case."""
+    first = range(warmup, warmup + max(1, min_samples - 1))
+    gen = torch.Generator().manual_seed(zlib.crc32(f"checked/{seed}".encode()))
+    order = torch.randperm(len(first), generator=gen).tolist()
+    return frozenset(first[i] for i in order[:CHECKED_CALLS])
+
+
+def ideal_store(pool: InputPool, index: int) -> list[SequenceKV | None]:
+    """Variant ``index``'s K/V as a correct backend stores them in an FP8 cache: written
+    into the case's own caches (the peer reads none of them) and read back."""
+    inputs = pool.inputs
+    s = inputs.scenario
+    slots = inputs.step.metadata.slot_mapping.cpu()
+    written = (slots != -1).nonzero().flatten()
+    variant = pool[index]
+    device = variant.key.device
+    write_tokens(
+        inputs.caches[0],
+        slots[written],
+        variant.key.index_select(0, written.to(device)),
+        variant.value.index_select(0, written.to(device)),
+        k_scale=s.variant.k_scale,
+        v_scale=s.variant.v_scale,
+    )
+    return pool.stored(index, inputs.caches)
