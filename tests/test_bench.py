@@ -16,13 +16,16 @@ import pytest
 from torch.nn.attention.bias import CausalBias
 
 import harness.bench.case_check as case_check
+import harness.bench.ceiling_evidence as ceiling_evidence
 import harness.bench.runner as bench
 import harness.cli.bench as bench_cli
 import harness.core.registry as registry
 from harness.bench.case_check import build_backend, prepare_case
 from harness.bench.ceilings import Ceilings, RunCeilings
 from harness.bench.peer import PEER_NAME, ContiguousPeer
-from harness.bench.runner import BenchConfig, failed, run_benchmarks
+from harness.bench.run_results import failed
+from harness.bench.runner import BenchConfig, run_benchmarks
+from harness.bench.timed_checks import PeerTarget
 from harness.bench.timing import TimingConfig
 from harness.bench.workloads import WORKLOADS, CaseSpec, Workload
 from harness.core.registry import BackendEntry, BackendRegistry
@@ -253,8 +256,12 @@ def test_the_timed_instance_is_checked_too():
 
 
 def test_rates_above_the_ceiling_are_flagged_and_their_fractions_withheld(monkeypatch):
+    """A ceiling a busy probe set too low: a note, not a failure. (Far above every ceiling
+    is a time that cannot be the work, and fails: ``test_timed_integrity.py``; the margin
+    is lifted here so that these 1 byte/s ceilings stand for a busy probe.)"""
     tiny = Ceilings("measured", "fake", 1.0, {"float32": 1.0})  # 1 byte/s, 1 FLOP/s
     monkeypatch.setattr(bench, "run_ceilings", lambda *a, **k: RunCeilings(tiny, None))
+    monkeypatch.setattr(ceiling_evidence, "IMPOSSIBLE_MARGIN", float("inf"))
     record = run_benchmarks([entry(SdpaBackend, "sdpa")], [ONE], CONFIG)
     for c in record.cases:
         assert c.metrics["bandwidth_fraction"] is None
@@ -592,7 +599,8 @@ def test_failing_backends_spend_none_of_the_timing_budget(monkeypatch):
         fx.WrongWithoutValidationBackend,
     ]
     record = run_benchmarks([entry(cls) for cls in failing], [ONE], CONFIG)
-    assert len(timed) == 1  # the peer's forward, nothing else
+    assert timed  # the peer's forward (twice, where a busy machine made it unreliable)...
+    assert all(isinstance(fn, PeerTarget) for fn in timed)  # ...and nothing else
     for c in record.cases:
         if c.role == "backend":
             assert c.status != "PASSED"

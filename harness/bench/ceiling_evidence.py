@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from harness.bench.ceilings import Ceilings, ceiling_label
+from harness.bench.metrics import AttentionWork
 
 if TYPE_CHECKING:
     from harness.results.store import CaseRecord
@@ -111,6 +112,47 @@ def withhold(cases: Sequence[CaseRecord], found: Sequence[Contradiction]) -> lis
             metrics["roofline_fraction"] = None
             metrics["bound"] = None
     return [Contradiction(c.key, c.ceiling, c.best_rate, c.above, costs[c.key]) for c in found]
+
+
+IMPOSSIBLE_MARGIN = 3.0
+"""A case faster than this many times the best rate any probe of the run measured fails:
+a busy machine lowers a probe by less (the worst seen here: 3x on one probe, and a run
+keeps the best of several), and a kernel that does the work never passes its ceiling by
+more than a few percent."""
+
+
+def impossible(
+    work: AttentionWork, seconds: float, dtype: str, ceilings: Ceilings | None, cache_bytes: int
+) -> str | None:
+    """Why ``seconds`` cannot be the time of ``work`` on this machine, or ``None``.
+
+    Bytes: all but ``cache_bytes`` (what the caches could hold between calls, flushed
+    or not) come from memory at most ``IMPOSSIBLE_MARGIN`` times the best copy rate.
+    FLOPs: at most that many times the best matmul rate of ``dtype``. A time below
+    either is not the work: a kernel returning before it finishes, or skipping it.
+    """
+    if ceilings is None or not seconds > 0:
+        return None
+    bandwidth = ceilings.memory_bandwidth
+    beyond = work.bytes - cache_bytes
+    if bandwidth and beyond > 0:
+        fastest = beyond / (IMPOSSIBLE_MARGIN * bandwidth)
+        if seconds < fastest:
+            return (
+                f"faster than the machine can move these bytes: {seconds * 1e6:.3g} us for "
+                f"{work.bytes / 1e6:.4g} MB; with {cache_bytes / 1e6:.3g} MB of them in its "
+                f"caches, the rest at {IMPOSSIBLE_MARGIN:g}x the best copy rate of the run "
+                f"({bandwidth / 1e9:.3g} GB/s) takes at least {fastest * 1e6:.3g} us"
+            )
+    peak = ceilings.flops_for(dtype)
+    achieved = work.flops / seconds
+    if peak and achieved > IMPOSSIBLE_MARGIN * peak:
+        return (
+            f"faster than the machine can compute: {achieved / 1e9:.4g} GFLOP/s, above "
+            f"{IMPOSSIBLE_MARGIN:g}x the best {dtype} matmul rate of the run ({peak / 1e9:.4g} "
+            "GFLOP/s)"
+        )
+    return None
 
 
 def _figure(key: str, value: float) -> str:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -35,6 +36,10 @@ from harness.numerics.cache_readback import stored_sequences
 from harness.numerics.oracle import OracleOutput, SequenceKV, references
 from harness.numerics.scenario import StepInputs, fresh_step_tokens, with_step_tokens
 from harness.numerics.tolerance import Comparison, compare
+
+if TYPE_CHECKING:
+    from harness.bench.case_check import PreparedCase
+    from harness.bench.timing import TimingConfig
 
 POOL_BYTES = {"cpu": 512 * 2**20, "cuda": 4 * 2**30}
 """The most a case's variants hold, per device type."""
@@ -166,3 +171,12 @@ class InputPool:
             **options,  # type: ignore[arg-type]
         )
         return CheckedTokens(tokens, oracle, naive)
+
+
+def case_pool(case: PreparedCase, timing: TimingConfig) -> InputPool:
+    """The case's fresh inputs (``harness.bench.fresh_inputs``), drawn at its first timing."""
+    if case.pool is None:
+        wanted = timing.warmup + timing.max_samples
+        size = pool_size(case.inputs, wanted, torch.device(case.device).type)
+        case.pool = InputPool.draw(case.inputs, size, seed=case.spec.seed)
+    return case.pool

@@ -56,9 +56,6 @@ from harness.bench.case_check import (
 )
 from harness.bench.ceiling_evidence import (
     ceiling_key,
-    contradiction_flag,
-    contradictions,
-    withhold,
 )
 from harness.bench.ceilings import (
     Ceilings,
@@ -66,13 +63,11 @@ from harness.bench.ceilings import (
     RunCeilings,
     probe,
     run_ceilings,
-    spread_flags,
 )
-from harness.bench.engine_peer import add_engine_ratios, engine_in
 from harness.bench.environment import fingerprint
-from harness.bench.fresh_inputs import InputPool, pool_size
-from harness.bench.metrics import MEASUREMENT_ERROR, rates, roofline
+from harness.bench.fresh_inputs import case_pool
 from harness.bench.peer import PEER_CLASS, PEER_NAME, ContiguousPeer
+from harness.bench.run_results import case_metrics, finish_run, noisy_against
 from harness.bench.sdpa_pin import first_kernel_that_runs, says_no_kernel
 from harness.bench.timed_checks import (
     CallTarget,
@@ -89,6 +84,7 @@ from harness.bench.timing import (
     capture_cuda_graph,
     default_clock,
     device_type,
+    last_level_cache_bytes,
     long_lived_objects_frozen,
     measure,
     time_one,
@@ -99,59 +95,12 @@ from harness.core.deadlines import CaseTimeout, deadline
 from harness.core.dtypes import dtype_name
 from harness.core.registry import BackendEntry, class_label
 from harness.core.threads import fixed_threads, timing_threads
-from harness.results.statistics import bootstrap_ratio_ci
-from harness.results.store import FAILING_STATUSES, CaseRecord, RunRecord, TimingRecord
+from harness.results.store import CaseRecord, RunRecord, TimingRecord
 
 MAX_RECHECKS = 2  # re-probes of one ceiling per run, each when a case exceeded it
 PREPARE_TIMING = TimingConfig(
     warmup=1, min_samples=5, max_samples=50, budget_s=0.25, target_rel_ci=0.05, cold_cache=False
 )
-
-
-# -- metrics -----------------------------------------------------------------------
-
-
-def case_metrics(
-    spec: CaseSpec,
-    forward: TimingRecord,
-    ceilings: RunCeilings,
-    peer: TimingRecord | None,
-) -> tuple[dict[str, Any], list[str]]:
-    """Rates, roofline fractions and the ratio to the peer, from the forward median."""
-    work = spec.work()
-    seconds = forward.summary().median * 1e-9
-    achieved = rates(work, seconds)
-    used = ceilings.used
-    roof = roofline(
-        work,
-        seconds,
-        bandwidth=None if used is None else used.memory_bandwidth,
-        flops=None if used is None else used.flops_for(spec.dtype),
-    )
-    ratio = ratio_ci = None
-    if peer is not None:
-        ratio = forward.summary().median / peer.summary().median
-        ratio_ci = list(bootstrap_ratio_ci(forward.samples_ns, peer.samples_ns))
-    metrics: dict[str, Any] = {
-        "tokens": work.num_tokens,
-        "flops": work.flops,
-        "bytes": work.bytes,
-        "arithmetic_intensity": work.arithmetic_intensity,
-        "median_s": seconds,
-        "tokens_per_s": achieved.tokens_per_s,
-        "tflops": achieved.tflops,
-        "gbps": achieved.gbps,
-        "bandwidth_fraction": roof.bandwidth_fraction,
-        "compute_fraction": roof.compute_fraction,
-        "roofline_fraction": roof.roofline_fraction,
-        "bound": roof.bound,
-        "ceiling_source": None if used is None else used.source,
-        "ratio_to_peer": ratio,
-        "ratio_to_peer_ci": ratio_ci,
-    }
-    if roof.withheld:
-        metrics["withheld"] = list(roof.withheld)
-    return metrics, list(roof.flags)
 
 
 # -- the run -----------------------------------------------------------------------
@@ -314,31 +263,33 @@ class _Runner:
             verdict, timings = CaseCheck("RUNTIME_ERROR", f"peer: {describe(exc)}"), {}
         return verdict, timings
 
-    def run_peer(self, case: PreparedCase) -> CaseRecord:
+    def _peer_fields(self, case: PreparedCase) -> dict[str, Any]:
         kernel, (verdict, timings) = self._pinned(lambda: self._peer_attempt(case), True)
-        record = self._record(
-            case,
-            PEER_NAME,
-            verdict.status,
+        return dict(
+            status=verdict.status,
             backend_class=PEER_CLASS,
             error=verdict.error,
             oracle=verdict.oracle,
             sdpa_kernel=kernel,
             **timings,
         )
+
+    def run_peer(self, case: PreparedCase) -> CaseRecord:
+        record = case_record(case, PEER_NAME, **self._peer_fields(case))
+        self.records.append(record)
         self._finish(record, case, None)
         self._tick(f"{case.prefix} {PEER_NAME}")
         return record
 
-    def run_backend(self, entry: BackendEntry, case: PreparedCase, peer: CaseRecord) -> None:
+    def _backend_fields(
+        self, entry: BackendEntry, case: PreparedCase, peer: CaseRecord
+    ) -> dict[str, Any]:
         backend_class = class_label(entry.cls)
         kernel, (verdict, timings) = self._pinned(
             lambda: self._backend_attempt(entry, case), backend_class in SDPA_BACKEND_CLASSES
         )
-        record = self._record(
-            case,
-            entry.name,
-            verdict.status,
+        return dict(
+            status=verdict.status,
             backend_class=backend_class,
             error=verdict.error,
             oracle=verdict.oracle,
@@ -346,8 +297,31 @@ class _Runner:
             sdpa_kernel=kernel,
             **timings,
         )
+
+    def run_backend(self, entry: BackendEntry, case: PreparedCase, peer: CaseRecord) -> CaseRecord:
+        record = case_record(case, entry.name, **self._backend_fields(entry, case, peer))
+        self.records.append(record)
         self._finish(record, case, peer)
         self._tick(f"{case.prefix} {entry.name}")
+        return record
+
+    def remeasure_noisy(
+        self,
+        case: PreparedCase,
+        peer: CaseRecord,
+        timed: Sequence[tuple[BackendEntry, CaseRecord]],
+    ) -> None:
+        """Time again, once, the peer and each backend whose timing is not a result
+        (``harness.results.reliability``), one after the other; ``finish_run`` flags
+        what still is not."""
+        noisy = [(entry, record) for entry, record in timed if noisy_against(record, peer)]
+        if not noisy and not (peer.valid and noisy_against(peer, None)):
+            return
+        _refill(peer, self._peer_fields(case))
+        self._finish(peer, case, None)
+        for entry, record in noisy:
+            _refill(record, self._backend_fields(entry, case, peer))
+            self._finish(record, case, peer)
 
     def _backend_attempt(self, entry: BackendEntry, case: PreparedCase) -> Attempt:
         timings: dict[str, Any] = {}
@@ -389,12 +363,19 @@ class _Runner:
                 self._tick(f"{workload.key}/{spec.name} {name}")
             return
         peer = self.run_peer(case)
-        for entry in backends:
-            self.run_backend(entry, case, peer)
+        timed = [(entry, self.run_backend(entry, case, peer)) for entry in backends]
+        self.remeasure_noisy(case, peer, timed)
         del case
         gc.collect()
         if device_type(self.config.device) == "cuda":
             torch.cuda.empty_cache()
+
+
+def _refill(record: CaseRecord, fields: dict[str, Any]) -> None:
+    """``record`` measured again: the new attempt's fields, no stale timing or metrics."""
+    record.forward = record.prepare = record.timed_checks = record.metrics = None
+    for name, value in fields.items():
+        setattr(record, name, value)
 
 
 @dataclass(frozen=True)
@@ -410,15 +391,6 @@ class TimedForward:
         if self.problem is None:
             return checked
         return CaseCheck(self.problem.status, prefix + self.problem.cause, checked.oracle)
-
-
-def case_pool(case: PreparedCase, timing: TimingConfig) -> InputPool:
-    """The case's fresh inputs (``harness.bench.fresh_inputs``), drawn at its first timing."""
-    if case.pool is None:
-        wanted = timing.warmup + timing.max_samples
-        size = pool_size(case.inputs, wanted, device_type(case.device))
-        case.pool = InputPool.draw(case.inputs, size, seed=case.spec.seed)
-    return case.pool
 
 
 def case_record(case: PreparedCase, backend: str, status: str, **kw: Any) -> CaseRecord:
@@ -531,7 +503,7 @@ def run_benchmarks(
         if config.probe_ceilings and finished and plan:
             runner.add_round("after", probe(config.device, dtypes=dtypes))
         cases = in_order()
-        finish_run(cases, runner.ceilings, runner.flags)
+        finish_run(cases, runner.ceilings, runner.flags, 2 * last_level_cache_bytes(config.device))
     final = record(cases, partial=not finished)
     if keep is not None and cases:
         keep(final)
@@ -605,39 +577,3 @@ class RunHeader:
             partial=partial,
             flags=list(flags),
         )
-
-
-def finish_run(records: Sequence[CaseRecord], ceilings: RunCeilings, flags: list[str]) -> None:
-    """Every timed record's metrics and flags against the run's final ceilings.
-
-    Each record's own rate above a ceiling is flagged; a ceiling any record
-    exceeded is contradicted for the run, so every fraction against it is
-    withheld (``harness.bench.ceiling_evidence``). With an engine's kernel among the
-    backends, every other backend gets its ratio to it (``harness.bench.engine_peer``).
-    The run's flags (``flags``, extended) name the contradicted ceilings and a large
-    spread between probe rounds.
-    """
-    peers = {r.id: r for r in records if r.role == "peer" and r.valid}
-    for record in records:
-        if not record.valid or record.forward is None:
-            continue
-        peer = peers.get(record.peer or "")
-        record.metrics, own = case_metrics(
-            CaseSpec.from_json(record.spec),
-            record.forward,
-            ceilings,
-            None if peer is None else peer.forward,
-        )
-        record.flags = [f for f in record.flags if not f.startswith(MEASUREMENT_ERROR)] + own
-    if engine_in(records) is not None:
-        add_engine_ratios(records)
-    rounds = len(ceilings.probes) if ceilings.used is ceilings.measured else 0
-    for found in withhold(records, contradictions(records, ceilings.used)):
-        flags.append(contradiction_flag(found, rounds))
-    flags.extend(spread_flags(ceilings.spread()))
-
-
-def failed(record: RunRecord) -> bool:
-    """A run fails when any case failed, or when nothing at all passed."""
-    statuses = [c.status for c in record.cases]
-    return any(s in FAILING_STATUSES for s in statuses) or "PASSED" not in statuses

@@ -185,7 +185,7 @@ def sweep(
     from harness import __version__
     from harness.bench.ceilings import run_ceilings
     from harness.bench.environment import fingerprint
-    from harness.bench.runner import case_metrics
+    from harness.bench.run_results import case_metrics
     from harness.dist.launcher import launch
     from harness.dist.progress import read_json
     from harness.results.store import CaseRecord, RunRecord, TimingRecord

@@ -92,7 +92,7 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
         from harness.core.triton_mode import interpret_triton_here
 
         interpret_triton_here()
-    from harness.bench import runner as bench
+    from harness.bench import run_results
     from harness.bench.runner import BenchConfig
     from harness.bench.timing import TimingConfig
     from harness.bench.workloads import get_workload
@@ -114,7 +114,7 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
     )
     if record is None:
         return 1
-    return 1 if bench.failed(record) else 0
+    return 1 if run_results.failed(record) else 0
 
 
 def bench_command(

@@ -35,8 +35,11 @@ from harness.bench.case_check import (
 )
 from harness.bench.ceilings import RunCeilings, run_ceilings
 from harness.bench.environment import fingerprint
+from harness.bench.fresh_inputs import case_pool
 from harness.bench.peer import PEER_CLASS, PEER_NAME, ContiguousPeer
-from harness.bench.runner import PREPARE_TIMING, case_metrics, case_record
+from harness.bench.run_results import case_metrics
+from harness.bench.runner import PREPARE_TIMING, case_record
+from harness.bench.timed_checks import CallTarget, PeerTarget, TimedCalls, checked_calls
 from harness.bench.timing import CacheFlusher, HostClock, TimingConfig, measure, stamp_timer
 from harness.bench.workloads import CaseSpec, Workload, get_workload
 from harness.core.registry import class_label, default_registry
@@ -182,11 +185,24 @@ class BenchSession:
         forward = None
         try:
             peer = ContiguousPeer(case.inputs)
+            quantized = case.spec.variant.quantized
+            if quantized:
+                case.store_new_tokens()
             verdict = check_output(case, peer.assemble(peer()))
             if verdict.status == "PASSED":  # a wrong answer is never timed, the peer's neither
                 config = self.timing_config()
-                m = measure(peer, device=self.device, config=config, flusher=self.flusher)
-                forward = TimingRecord.from_measurement(m)
+                calls = self.timed_calls(case, PeerTarget(peer, quantized))
+                m = measure(
+                    calls.target,
+                    device=self.device,
+                    config=config,
+                    flusher=self.flusher,
+                    hooks=calls,
+                )
+                if calls.problem is None:
+                    forward = TimingRecord.from_measurement(m)
+                else:
+                    verdict = CaseCheck(calls.problem.status, f"peer: {calls.problem.cause}")
         except Exception as exc:  # reported on the peer's record; ratios are then absent
             verdict = CaseCheck("RUNTIME_ERROR", f"peer: {type(exc).__name__}: {exc}")
         record = self.record(case, PEER_NAME, verdict, backend_class=PEER_CLASS, forward=forward)
@@ -195,6 +211,16 @@ class BenchSession:
             record.flags.extend(flags)
         self.peers[case.prefix] = record
         return record
+
+    def timed_calls(self, case: PreparedCase, target: CallTarget) -> TimedCalls:
+        """Fresh inputs for every timed call of ``case``, each call's output watched."""
+        config = self.timing_config()
+        return TimedCalls(
+            case_pool(case, config),
+            target,
+            checked_calls(case.spec.seed, config.warmup, config.min_samples),
+            case.inputs.queries[0].dtype,
+        )
 
     def time_prepare(self, fn: Any) -> TimingRecord:
         sync = torch.cuda.synchronize if self.device == "cuda" else None
@@ -227,6 +253,34 @@ class BenchSession:
                 for w in self.workloads.values()
             ],
         }
+
+
+class PedanticRounds:
+    """pytest-benchmark's rounds given fresh inputs and watched as ``measure``'s calls are
+    (``harness.bench.timed_checks``): ``setup`` (outside the timed region) keeps the last
+    round's output, loads the next round's inputs and flushes the caches; the timed
+    ``call`` only stores its output."""
+
+    def __init__(self, calls: TimedCalls, flusher: Callable[[], None] | None) -> None:
+        self.calls, self.flusher = calls, flusher
+        self.index = -1
+        self.output: object = None
+        self.forward = calls.target
+
+    def call(self) -> None:
+        self.output = self.forward()
+
+    def setup(self) -> None:
+        if self.index >= 0:
+            self.finish()
+        self.index += 1  # the rounds, warm-up ones first, number the pool: the last is final
+        self.calls.load(self.index)
+        if self.flusher is not None:
+            self.flusher()
+
+    def finish(self) -> None:
+        self.calls.keep(self.index, self.output)
+        self.calls.settle()
 
 
 @pytest.fixture(scope="session")
@@ -305,13 +359,18 @@ def bench_run(
             message = f"{verdict.status}: {entry.name} on {case.prefix}: {verdict.error}"
             pytest.fail(message, pytrace=False)
         prepare = s.time_prepare(checked.prepare_fn(case))
+        rounds = PedanticRounds(s.timed_calls(case, checked.target(case)), s.flusher)
         benchmark.pedantic(
-            checked.forward_fn(case),
-            setup=s.flusher,
+            rounds.call,
+            setup=rounds.setup,
             rounds=s.rounds,
             warmup_rounds=s.warmup,
             iterations=1,
         )
+        rounds.finish()
+        problem = rounds.calls.problem
+        if problem is not None:
+            pytest.fail(f"{problem.status}: {entry.name} on {case.prefix}: {problem.cause}", False)
         if benchmark.disabled or benchmark.stats is None:
             return  # --benchmark-disable: a correctness run only
         forward = TimingRecord(
