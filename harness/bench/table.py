@@ -13,22 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.core.text_table import aligned
+from harness.results.store import FAILING_STATUSES
 
 if TYPE_CHECKING:
     from harness.results.store import CaseRecord, RunRecord
 
 WIDTH = 110  # detail and legend lines below the table are wrapped to this
 BACKEND_WIDTH = 28  # longer backend specs are shortened in the table
-FAILING = frozenset(
-    {
-        "INCORRECT_NUMERICAL",
-        "INCORRECT_SHAPE",
-        "INCORRECT_TIMING",
-        "REJECTED_VALID",
-        "RUNTIME_ERROR",
-        "TIMEOUT",
-    }
-)  # harness.results.store.FAILING_STATUSES, spelled out: this module imports no store at run time
 SUMMARY_KINDS = 3  # flag kinds the closing line names; the rest are counted
 
 
@@ -88,7 +79,7 @@ def bench_verdict(record: RunRecord) -> str:
         return ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
 
     every = Counter(c.status for c in record.cases)
-    failed = any(s in FAILING for s in every) or "PASSED" not in every
+    failed = any(s in FAILING_STATUSES for s in every) or "PASSED" not in every
     # the backends' cases, as the report counts them; the peer's only where one did not pass
     backends = Counter(c.status for c in record.cases if c.backend != PEER_NAME)
     peer = Counter(c.status for c in record.cases if c.backend == PEER_NAME)

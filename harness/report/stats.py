@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.bench.engine_peer import engine_in
+from harness.results.reliability import unreliable
 from harness.results.statistics import DEFAULT_RESAMPLES, Summary, bootstrap_ratio_ci, median
 
 if TYPE_CHECKING:
@@ -59,10 +60,16 @@ class CaseStats:
     ratio_engine_ci: tuple[float, float] | None = None
     roofline_fraction: float | None = None
     bound: str | None = None
+    unreliable: str | None = None  # why its timing is not a result (``results.reliability``)
 
     @property
     def valid(self) -> bool:
         return self.median_s is not None
+
+    @property
+    def counts(self) -> bool:
+        """Timed, and a result: what medians over cases take."""
+        return self.valid and self.unreliable is None
 
     @property
     def tokens(self) -> float | None:
@@ -244,6 +251,8 @@ def _stats(
         case, index.engine(case), confidence, REFERENCE_RESAMPLES
     )
     fraction, bound = _roofline(case, median_s, ceiling)
+    peer = _samples(index.peer(case)) if case.role != "peer" else None
+    why = unreliable(samples, peer, ratio_peer, ratio_peer_ci)
     return CaseStats(
         case=case,
         kind=kind,
@@ -258,6 +267,7 @@ def _stats(
         ratio_engine_ci=ratio_engine_ci,
         roofline_fraction=fraction,
         bound=bound,
+        unreliable=why,
     )
 
 

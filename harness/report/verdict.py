@@ -77,6 +77,7 @@ class PerformanceLine:
     failing: tuple[str, ...] = ()  # "case: STATUS" of each case that did not pass
     unsupported: int = 0
     unsupported_reason: str | None = None  # the most common reason the backend gave
+    unreliable: int = 0  # timed cases whose timing is not a result: in no range above
 
 
 @dataclass(frozen=True)
@@ -227,9 +228,10 @@ def _performance(run: AnalysedRun) -> list[PerformanceLine]:
     for backend in dict.fromkeys(s.case.backend for s in run.cases):
         cases = [s for s in run.cases if s.case.backend == backend]
         timed = [s for s in cases if s.valid]
-        ratios = [s.ratio_peer for s in timed if s.ratio_peer is not None]
-        to_engine = [s.ratio_engine for s in timed if s.ratio_engine is not None]
-        fractions = [s.roofline_fraction for s in timed if s.roofline_fraction is not None]
+        counted = [s for s in timed if s.counts]  # an unreliable case feeds no median
+        ratios = [s.ratio_peer for s in counted if s.ratio_peer is not None]
+        to_engine = [s.ratio_engine for s in counted if s.ratio_engine is not None]
+        fractions = [s.roofline_fraction for s in counted if s.roofline_fraction is not None]
         failing = tuple(
             f"{s.case.workload} / {s.case.case}: {s.case.status}"
             for s in cases
@@ -251,6 +253,7 @@ def _performance(run: AnalysedRun) -> list[PerformanceLine]:
                 unsupported_reason=_most_common(
                     [_reason(s) for s in cases if s.case.status == UNSUPPORTED]
                 ),
+                unreliable=len(timed) - len(counted),
             )
         )
     return lines
@@ -261,7 +264,7 @@ def _by_workload(run: AnalysedRun) -> list[WorkloadLine]:
     far each backend (the peer one of them) is from the machine, workload by workload."""
     lines = []
     for workload in dict.fromkeys(s.case.workload for s in run.cases):
-        cases = [s for s in run.cases if s.case.workload == workload and s.valid]
+        cases = [s for s in run.cases if s.case.workload == workload and s.counts]
         for backend in dict.fromkeys(s.case.backend for s in cases):
             own = [s for s in cases if s.case.backend == backend]
             fractions = [s.roofline_fraction for s in own if s.roofline_fraction is not None]
