@@ -8,6 +8,9 @@ kept out of a report's medians.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -319,3 +322,33 @@ def test_a_bimodal_peer_is_measured_again_then_flagged_and_kept_out_of_the_headl
     assert line[0].timed == 1
     assert line[0].ratio is None  # its one case is unreliable: no median of ratios from it
     assert line[0].unreliable == 1
+
+
+def test_the_pytest_benchmark_suites_fail_a_cheat_too():
+    """The suites time pytest-benchmark's rounds on fresh, watched inputs as ``bench`` does."""
+    pytest.importorskip("pytest_benchmark")
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "suites/benchmarks/bench_decode.py",
+        "-k",
+        "512",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--bench-rounds",
+        "5",
+        "--bench-warmup",
+        "1",
+        "--bench-no-probe",
+        "--bench-warm-cache",
+        "--bench-backend",
+        f"{FIXTURE}:WorksOneCallInFour",
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    repo = Path(__file__).resolve().parent.parent
+    done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "INCORRECT_NUMERICAL" in done.stdout
+    assert "bit for bit the output of the call before it" in done.stdout

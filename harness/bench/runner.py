@@ -189,6 +189,8 @@ class _Runner:
             m = replace(m, clock=f"{m.clock}+cuda_graph")
         clock = default_clock(self.config.device)
         repeats = calls.repeat(lambda: time_one(call, clock, self.flusher), m.samples_ns)
+        if device_type(self.config.device) == "cuda":  # no work left in flight for the next
+            torch.cuda.synchronize(self.config.device)
         return TimedForward(TimingRecord.from_measurement(m), calls.problem, calls.record(repeats))
 
     def _time_prepare(self, fn: Callable[[], object]) -> TimingRecord:
