@@ -101,10 +101,10 @@ def test_only_converted_records_can_be_turned_back():
         to_pytest_benchmark(run())
 
 
-def test_suite_end_to_end(tmp_path):
-    """Run one real CPU case through pytest-benchmark, convert, and compare."""
-    pytest.importorskip("pytest_benchmark")
-    bench_json = tmp_path / "bench.json"
+def run_decode_suite(*options: str) -> subprocess.CompletedProcess[str]:
+    """The pytest-benchmark decode suite's ctx=512 case, 5 quick rounds, in a process of its
+    own: pytest-benchmark turns itself off in any process that says it is an xdist worker,
+    and the calling test may run in one (nox -s tests)."""
     command = [
         sys.executable,
         "-m",
@@ -121,15 +121,19 @@ def test_suite_end_to_end(tmp_path):
         "1",
         "--bench-no-probe",
         "--bench-warm-cache",
-        "--bench-backend",
-        "sdpa",
-        "--benchmark-save-data",
-        f"--benchmark-json={bench_json}",
+        *options,
     ]
-    # pytest-benchmark turns itself off in any process that says it is an xdist worker,
-    # and this test may run in one (nox -s tests): the pytest below is not.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_suite_end_to_end(tmp_path):
+    """Run one real CPU case through pytest-benchmark, convert, and compare."""
+    pytest.importorskip("pytest_benchmark")
+    bench_json = tmp_path / "bench.json"
+    done = run_decode_suite(
+        "--bench-backend", "sdpa", "--benchmark-save-data", f"--benchmark-json={bench_json}"
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     doc = json.loads(bench_json.read_text())
     (entry,) = doc["benchmarks"]

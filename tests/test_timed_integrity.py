@@ -8,9 +8,6 @@ kept out of a report's medians.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,8 +21,8 @@ from harness.bench.ceilings import Ceilings, ProbeRound, RunCeilings
 from harness.bench.fresh_inputs import CHECKED_TOKENS, InputPool
 from harness.bench.run_results import finish_run
 from harness.bench.runner import BenchConfig, run_benchmarks
-from harness.bench.timed_checks import TimedCalls
-from harness.bench.timing import HostClock, TimingConfig, measure, time_one
+from harness.bench.timed_checks import TimedCalls, call_plan
+from harness.bench.timing import TimingConfig, measure
 from harness.bench.workloads import WORKLOADS, CaseSpec, Workload
 from harness.cli.main import main
 from harness.core.registry import BackendEntry
@@ -36,6 +33,7 @@ from harness.results.reliability import clusters, unreliable
 from harness.results.store import CaseRecord, TimingRecord, load_results
 from reference_backends import SdpaBackend
 from tests.fixtures import cheating_backends as cheats
+from tests.test_benchmark_json import run_decode_suite
 
 FIXTURE = Path(cheats.__file__)
 SPEC = CaseSpec("decode", (2048,) * 4, (1,) * 4, seed=3, num_heads=8, num_kv_heads=2, head_dim=64)
@@ -77,9 +75,11 @@ def test_a_correct_backend_and_the_peer_pass_with_every_call_checked(cheat_run):
             checks = c.timed_checks
             assert checks is not None
             assert checks["calls"] == TIMING.warmup + len(c.forward.samples_ns)
-            assert len(checks["oracle_checked_calls"]) == 3  # two seeded calls and the last
-            assert checks["oracle_checks"] == 3 + len(checks["repeat_ns"])
-            assert len(checks["repeat_ns"]) == 3
+            # two seeded calls, the one on repeated inputs, and the last
+            assert len(checks["oracle_checked_calls"]) == 4
+            assert checks["oracle_checks"] == 4
+            assert checks["repeat_of"] in checks["oracle_checked_calls"]
+            assert checks["repeat_call"] < TIMING.warmup + TIMING.min_samples
 
 
 def test_the_cli_exits_1_on_a_cheat_and_the_gate_fails_its_results(tmp_path, monkeypatch, capsys):
@@ -161,6 +161,10 @@ def test_a_long_step_is_checked_on_sampled_tokens_that_still_catch_a_wrong_one()
     assert worst == int(checked.tokens[3])  # named by its token in the step
 
 
+def _number(pool, variant):
+    return next(i for i, v in enumerate(pool.variants) if v is variant)
+
+
 class _Echo:
     """A timed call whose output is whatever ``answer`` says for the loaded variant."""
 
@@ -192,35 +196,43 @@ def test_a_stale_output_is_caught_on_any_call_not_only_the_checked_ones():
         state["last"] = answers[id(variant)]
         return state["last"]
 
-    calls = TimedCalls(pool, _Echo(pool, stale_on_the_seventh), frozenset(), torch.float32)
+    plan = call_plan(seed=0, warmup=1, min_samples=10, checked=0)
+    calls = TimedCalls(pool, _Echo(pool, stale_on_the_seventh), plan, torch.float32)
     config = TimingConfig(warmup=1, min_samples=10, max_samples=10, cold_cache=False)
     measure(calls.target, config=config, hooks=calls)
     assert calls.problem is not None
     assert "timed call 6" in calls.problem.cause
-    assert calls.oracle_checks <= 1  # found without the oracle
+    assert calls.oracle_checks == 0  # found without the oracle
 
 
-def test_a_repeat_far_faster_than_fresh_calls_is_a_cached_output():
+def test_the_call_on_repeated_inputs_is_not_stale_and_a_cache_answering_it_is_caught():
     _case, pool = _pool(10)
     answers = [pool.reference(i).oracle.output.float() for i in range(pool.size)]
     seen: set[int] = set()
 
     def slow_unless_seen(variant):
-        index = next(i for i, v in enumerate(pool.variants) if v is variant)
+        index = _number(pool, variant)
         if index not in seen:
             seen.add(index)
             time.sleep(0.004)
         return answers[index]
 
-    calls = TimedCalls(pool, _Echo(pool, slow_unless_seen), frozenset({2, 3}), torch.float32)
+    plan = call_plan(seed=1, warmup=1, min_samples=6)
+    assert plan.repeat_of in plan.checked
+    calls = TimedCalls(pool, _Echo(pool, slow_unless_seen), plan, torch.float32)
     config = TimingConfig(warmup=1, min_samples=6, max_samples=6, cold_cache=False)
     m = measure(calls.target, config=config, hooks=calls)
-    assert calls.problem is None
-    repeats = calls.repeat(lambda: time_one(calls.target, HostClock(), None), m.samples_ns)
-    assert len(repeats) == 3
+    assert calls.problem is None  # its output is right, and the same inputs' twice
+    calls.judge_repeat(m.samples_ns, config.warmup)
     assert calls.problem is not None
     assert calls.problem.status == "INCORRECT_TIMING"
-    assert "the work is not done when the inputs repeat" in calls.problem.cause
+    assert f"timed call {plan.repeat}, on the inputs of call {plan.repeat_of}" in (
+        calls.problem.cause
+    )
+    honest = TimedCalls(pool, _Echo(pool, lambda v: answers[_number(pool, v)]), plan, torch.float32)
+    m = measure(honest.target, config=config, hooks=honest)
+    honest.judge_repeat(m.samples_ns, config.warmup)
+    assert honest.problem is None
 
 
 def test_a_time_no_machine_can_reach_fails_and_a_busy_probe_stays_a_note():
@@ -305,7 +317,7 @@ def test_a_bimodal_peer_is_measured_again_then_flagged_and_kept_out_of_the_headl
     )
     record = run_benchmarks([BackendEntry("sdpa", SdpaBackend, "built-in")], [CASE], config)
     peer, sdpa = record.cases
-    calls_for_two_timings = 2 * (1 + 12 + 3)
+    calls_for_two_timings = 2 * (1 + 12)
     assert state["calls"] >= calls_for_two_timings  # measured twice
     assert sdpa.status == "PASSED"
     assert any(
@@ -327,28 +339,7 @@ def test_a_bimodal_peer_is_measured_again_then_flagged_and_kept_out_of_the_headl
 def test_the_pytest_benchmark_suites_fail_a_cheat_too():
     """The suites time pytest-benchmark's rounds on fresh, watched inputs as ``bench`` does."""
     pytest.importorskip("pytest_benchmark")
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "suites/benchmarks/bench_decode.py",
-        "-k",
-        "512",
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        "--bench-rounds",
-        "5",
-        "--bench-warmup",
-        "1",
-        "--bench-no-probe",
-        "--bench-warm-cache",
-        "--bench-backend",
-        f"{FIXTURE}:WorksOneCallInFour",
-    ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-    repo = Path(__file__).resolve().parent.parent
-    done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    done = run_decode_suite("--bench-backend", f"{FIXTURE}:WorksOneCallInFour")
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     assert "INCORRECT_NUMERICAL" in done.stdout
     assert "bit for bit the output of the call before it" in done.stdout

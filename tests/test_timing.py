@@ -187,3 +187,46 @@ def test_cuda_events_and_graph_replay(graph):
     start = timer()
     x.mul_(1.0)
     assert (timer() - start) > 0
+
+
+class _NumberingHooks:
+    """Records what ``measure`` asks of its hooks; ``load`` takes ``pause_s`` of wall time."""
+
+    final = 99
+
+    def __init__(self, pause_s: float = 0.0) -> None:
+        self.log: list[tuple[str, int]] = []
+        self.pause_s = pause_s
+
+    def load(self, index: int) -> None:
+        time.sleep(self.pause_s)
+        self.log.append(("load", index))
+
+    def keep(self, index: int, output: object) -> None:
+        assert output == "out"
+        self.log.append(("keep", index))
+
+    def settle(self) -> None:
+        self.log.append(("settle", -1))
+
+
+def test_hooks_number_every_call_and_the_last_sample_is_the_final_call():
+    hooks = _NumberingHooks()
+    config = TimingConfig(warmup=2, min_samples=5, max_samples=5, cold_cache=False)
+    m = measure(lambda: "out", config=config, hooks=hooks)
+    loads = [i for what, i in hooks.log if what == "load"]
+    assert loads == [0, 1, 2, 3, 4, 5, 99]  # warm-up, four samples, the final call
+    assert [i for what, i in hooks.log if what == "keep"] == loads
+    assert len(m.samples_ns) == 5  # max_samples counts the final call
+    assert len(m.warmup_ns) == 2
+
+
+def test_time_spent_in_hooks_is_not_the_budgets():
+    """Loading inputs and checking outputs lie outside the timed region and the budget."""
+    hooks = _NumberingHooks(pause_s=0.03)
+    config = TimingConfig(
+        warmup=0, min_samples=5, max_samples=10, budget_s=0.05, target_rel_ci=0.0, cold_cache=False
+    )
+    m = measure(lambda: "out", config=config, hooks=hooks)
+    assert len(m.samples_ns) == 10  # 0.3 s in hooks, a budget of 0.05 s never spent
+    assert m.stop_reason == "max_samples"

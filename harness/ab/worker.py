@@ -131,7 +131,7 @@ class Side:
 
     def time(self, key: str, samples: int, warmup: int, cold_cache: bool) -> dict[str, Any]:
         from harness.bench.fresh_inputs import case_pool
-        from harness.bench.timed_checks import TimedCalls
+        from harness.bench.timed_checks import TimedCalls, call_plan
         from harness.bench.timing import CacheFlusher, TimingConfig, measure
 
         prepared, target = self.cases[key]
@@ -146,14 +146,16 @@ class Side:
             cold_cache=cold_cache,
         )
         flusher = self._flusher if cold_cache else None
-        # fresh inputs for every call, each compared with the call before it, the last
-        # held to the oracle (``harness.bench.timed_checks``), as ``bench`` times
+        # fresh inputs for every call, each compared with the call before it, the last and
+        # a repeated one held to the oracle (``harness.bench.timed_checks``), as ``bench``
         dtype = prepared.inputs.queries[0].dtype
-        calls = TimedCalls(case_pool(prepared, config), target, frozenset(), dtype)
+        plan = call_plan(prepared.spec.seed, warmup, samples, checked=0)
+        calls = TimedCalls(case_pool(prepared, config), target, plan, dtype)
         with pinned(self.cpus):
             measured = measure(
                 target, device=self.device, config=config, flusher=flusher, hooks=calls
             )
+        calls.judge_repeat(measured.samples_ns, warmup)
         if calls.problem is not None:
             return {"error": f"{calls.problem.status}: {calls.problem.cause}"}
         return {"samples_ns": list(measured.samples_ns)}

@@ -1,4 +1,4 @@
-"""Fresh inputs for every timed call, drawn before timing, and the oracle of each.
+"""Fresh inputs for every timed call, and the oracle of each.
 
 A kernel that returns what it computed last time for the same buffer, or for the
 same bytes, runs in no time on a benchmark that repeats one input (flashinfer-bench
@@ -10,9 +10,9 @@ the slots of the step's new tokens with its own K/V, as every decode step of a m
 does, over the cached prefix the case built; call ``i``'s right answer is that prefix
 with variant ``i``'s tokens.
 
-One ``InputPool`` per case, built before its first timing and shared by the peer and
-every backend: call ``i`` reads variant ``i`` in every timing, so the oracle of a
-checked variant is computed once per case. The pool's memory is bounded
+One ``InputPool`` per case, shared by the peer and every backend: call ``i`` reads
+variant ``i`` in every timing (drawn once, outside the timed region, when a timing
+first reads it), so the oracle of a checked variant is computed once per case. The pool's memory is bounded
 (``POOL_BYTES``): where a case's inputs are large the pool holds fewer variants and
 the timing takes at most that many calls, since a variant read twice would let a
 cache keyed by content hit.
@@ -84,38 +84,49 @@ def variant_bytes(inputs: StepInputs) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def pool_size(inputs: StepInputs, wanted: int, device_type: str) -> int:
-    """How many variants a case's pool holds: ``wanted``, unless they pass ``POOL_BYTES``."""
+def pool_size(inputs: StepInputs, wanted: int, device_type: str, least: int = 0) -> int:
+    """How many variants a case's pool holds: ``wanted``, unless they pass ``POOL_BYTES``;
+    never fewer than ``least`` (a timing's warm-up and fewest samples) or ``MIN_VARIANTS``."""
     each = max(1, variant_bytes(inputs))
     fits = POOL_BYTES.get(device_type, POOL_BYTES["cpu"]) // each
-    return max(MIN_VARIANTS, min(wanted, fits))
+    return max(MIN_VARIANTS, least, min(wanted, fits))
 
 
 @dataclass
 class InputPool:
-    """A case's variants (see the module docstring) and the oracle of each checked one."""
+    """A case's variants (see the module docstring) and the oracle of each checked one.
+
+    Variant ``i`` is drawn when a timing first reads it, from a generator seeded by the
+    pool's seed and ``i``: the same contents whichever timing draws it, and no time spent
+    on variants no timing reads.
+    """
 
     inputs: StepInputs  # the case's own step: its caches, rows and cached prefix
-    variants: list[Variant]
+    size: int
     seed: int
+    _variants: dict[int, Variant] = field(default_factory=dict, repr=False)
     _references: dict[int, CheckedTokens] = field(default_factory=dict, repr=False)
 
     @classmethod
     def draw(cls, inputs: StepInputs, size: int, seed: int) -> InputPool:
-        device = inputs.queries[0].device
-        gen = torch.Generator(device).manual_seed(seed)
-        drawn = [Variant(*fresh_step_tokens(inputs, gen)) for _ in range(size)]
-        return cls(inputs, drawn, seed)
-
-    @property
-    def size(self) -> int:
-        return len(self.variants)
+        return cls(inputs, size, seed)
 
     def __getitem__(self, index: int) -> Variant:
-        return self.variants[index]
+        if not 0 <= index < self.size:
+            raise IndexError(f"variant {index} of a pool of {self.size}")
+        if index not in self._variants:
+            gen = torch.Generator(self.inputs.queries[0].device)
+            gen.manual_seed(zlib.crc32(f"variant/{self.seed}/{index}".encode()))
+            self._variants[index] = Variant(*fresh_step_tokens(self.inputs, gen))
+        return self._variants[index]
+
+    @property
+    def variants(self) -> list[Variant]:
+        """Every variant, drawn."""
+        return [self[i] for i in range(self.size)]
 
     def step(self, index: int) -> StepInputs:
-        v = self.variants[index]
+        v = self[index]
         return with_step_tokens(self.inputs, v.query, v.key, v.value)
 
     def reference(self, index: int, stored: list[SequenceKV | None] | None = None) -> CheckedTokens:
@@ -174,9 +185,9 @@ class InputPool:
 
 
 def case_pool(case: PreparedCase, timing: TimingConfig) -> InputPool:
-    """The case's fresh inputs (``harness.bench.fresh_inputs``), drawn at its first timing."""
+    """The case's fresh inputs (this module's docstring), drawn at its first timing."""
     if case.pool is None:
-        wanted = timing.warmup + timing.max_samples
-        size = pool_size(case.inputs, wanted, torch.device(case.device).type)
+        wanted, least = timing.warmup + timing.max_samples, timing.warmup + timing.min_samples
+        size = pool_size(case.inputs, wanted, torch.device(case.device).type, least)
         case.pool = InputPool.draw(case.inputs, size, seed=case.spec.seed)
     return case.pool

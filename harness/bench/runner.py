@@ -74,7 +74,7 @@ from harness.bench.timed_checks import (
     PeerTarget,
     Problem,
     TimedCalls,
-    checked_calls,
+    call_plan,
 )
 from harness.bench.timing import (
     CacheFlusher,
@@ -82,12 +82,10 @@ from harness.bench.timing import (
     Measurement,
     TimingConfig,
     capture_cuda_graph,
-    default_clock,
     device_type,
     last_level_cache_bytes,
     long_lived_objects_frozen,
     measure,
-    time_one,
     timer_overhead,
 )
 from harness.bench.workloads import CaseSpec, Workload
@@ -95,6 +93,7 @@ from harness.core.deadlines import CaseTimeout, deadline
 from harness.core.dtypes import dtype_name
 from harness.core.registry import BackendEntry, class_label
 from harness.core.threads import fixed_threads, timing_threads
+from harness.results.reliability import UNRELIABLE
 from harness.results.store import CaseRecord, RunRecord, TimingRecord
 
 MAX_RECHECKS = 2  # re-probes of one ceiling per run, each when a case exceeded it
@@ -174,12 +173,12 @@ class _Runner:
         calls = TimedCalls(
             pool,
             target,
-            checked_calls(case.spec.seed, config.warmup, config.min_samples),
+            call_plan(case.spec.seed, config.warmup, config.min_samples),
             case.inputs.queries[0].dtype,
         )
         timing = replace(config, max_samples=min(config.max_samples, pool.size - config.warmup))
         call: Callable[[], object] = target
-        if self.graph_mode:  # captured once here, so the repeats replay the same graph
+        if self.graph_mode:
             call = capture_cuda_graph(target, self.config.device)
             timing = replace(timing, cuda_graph=False)
         m = measure(
@@ -187,11 +186,10 @@ class _Runner:
         )
         if self.graph_mode:
             m = replace(m, clock=f"{m.clock}+cuda_graph")
-        clock = default_clock(self.config.device)
-        repeats = calls.repeat(lambda: time_one(call, clock, self.flusher), m.samples_ns)
+        calls.judge_repeat(m.samples_ns, timing.warmup)
         if device_type(self.config.device) == "cuda":  # no work left in flight for the next
             torch.cuda.synchronize(self.config.device)
-        return TimedForward(TimingRecord.from_measurement(m), calls.problem, calls.record(repeats))
+        return TimedForward(TimingRecord.from_measurement(m), calls.problem, calls.record())
 
     def _time_prepare(self, fn: Callable[[], object]) -> TimingRecord:
         is_cuda = device_type(self.config.device) == "cuda"
@@ -316,13 +314,19 @@ class _Runner:
         """Time again, once, the peer and each backend whose timing is not a result
         (``harness.results.reliability``), one after the other; ``finish_run`` flags
         what still is not."""
-        noisy = [(entry, record) for entry, record in timed if noisy_against(record, peer)]
-        if not noisy and not (peer.valid and noisy_against(peer, None)):
+        noisy: list[tuple[BackendEntry, CaseRecord, str]] = []
+        for entry, record in timed:
+            why = noisy_against(record, peer)
+            if why is not None:
+                noisy.append((entry, record, why))
+        peer_noise = noisy_against(peer, None)
+        if not noisy and peer_noise is None:
             return
-        _refill(peer, self._peer_fields(case))
+        because = peer_noise or f"{UNRELIABLE}: a backend's ratio to it was"
+        _refill(peer, self._peer_fields(case), because)
         self._finish(peer, case, None)
-        for entry, record in noisy:
-            _refill(record, self._backend_fields(entry, case, peer))
+        for entry, record, why in noisy:
+            _refill(record, self._backend_fields(entry, case, peer), why)
             self._finish(record, case, peer)
 
     def _backend_attempt(self, entry: BackendEntry, case: PreparedCase) -> Attempt:
@@ -373,11 +377,14 @@ class _Runner:
             torch.cuda.empty_cache()
 
 
-def _refill(record: CaseRecord, fields: dict[str, Any]) -> None:
-    """``record`` measured again: the new attempt's fields, no stale timing or metrics."""
+def _refill(record: CaseRecord, fields: dict[str, Any], why: str) -> None:
+    """``record`` measured again (``why``: what its first timing was): the new attempt's
+    fields, no stale timing or metrics, and the reason kept in its ``timed_checks``."""
     record.forward = record.prepare = record.timed_checks = record.metrics = None
     for name, value in fields.items():
         setattr(record, name, value)
+    if record.timed_checks is not None:
+        record.timed_checks["measured_again"] = why
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,12 @@ stale CUDA-graph replay). So, on the CPU and on CUDA, graph replays included:
   done on one call in N, a replay of another input's graph);
 * ``CHECKED_CALLS`` calls drawn at random among the first ones every timing makes
   (seeded by the case, so every backend's are the same calls and one oracle serves
-  them all) and the last call are held to the float64 oracle, as the check before
-  timing is (an FP8 cache's oracle reads what that call stored);
-* after the samples, ``REPEATS`` calls read inputs already used: a backend that does
-  the work takes as long as on fresh ones, a cache keyed by the inputs' bytes returns
-  at once (``cached_by_content``).
+  them all), the repeated one and the last call are held to the float64 oracle, as
+  the check before timing is (an FP8 cache's oracle reads what that call stored);
+* one sample every timing takes reads the inputs of an earlier checked call again
+  (``CallPlan``): a backend that does the work takes as long as on fresh ones, a cache
+  keyed by the inputs' bytes answers at once (``TimedCalls.judge_repeat``). It costs
+  no extra call, and the sample is as good as any for a backend that computes.
 
 A problem found here fails the case: ``INCORRECT_NUMERICAL`` for a wrong or stale
 output, ``INCORRECT_TIMING`` for a time that cannot be the work (this, and a rate
@@ -24,9 +25,8 @@ above what the machine can do: ``harness.bench.ceiling_evidence.impossible``).
 
 from __future__ import annotations
 
-import statistics
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -40,12 +40,10 @@ from harness.numerics.oracle import SequenceKV
 
 CHECKED_CALLS = 2
 """Timed calls (besides the last) held to the oracle in each timing."""
-REPEATS = 3
-"""Calls after the samples that read inputs already used."""
 REPEAT_FACTOR = 4.0
-"""A repeated input this many times faster than the fastest fresh call is a cached output.
-A backend that computes takes as long on either: the inputs are copied and the caches
-flushed the same way, and only the bytes are the same."""
+"""A call on repeated inputs this many times faster than the fastest on fresh ones is a
+cached output. A backend that computes takes as long on either: the inputs are copied
+and the caches flushed the same way, only the bytes are the same."""
 
 
 class CallTarget(Protocol):
@@ -136,18 +134,44 @@ class Problem:
     cause: str
 
 
+@dataclass(frozen=True)
+class CallPlan:
+    """Which timed calls are held to the oracle, and which one reads an earlier call's
+    inputs again: call numbers every timing of a case reaches, the same in each."""
+
+    checked: frozenset[int]
+    repeat: int  # this call reads the inputs of call ``repeat_of`` again
+    repeat_of: int
+
+    def variant(self, call: int) -> int:
+        """The pool variant call ``call`` reads."""
+        return self.repeat_of if call == self.repeat else call
+
+
+def call_plan(seed: int, warmup: int, min_samples: int, checked: int = CHECKED_CALLS) -> CallPlan:
+    """``checked`` calls drawn among the samples every timing takes before its final call
+    (at least ``min_samples - 1``; seeded by the case), and the last of those reading the
+    first checked call's inputs again (the first sample's, with none checked)."""
+    first = list(range(warmup, warmup + max(2, min_samples - 1)))
+    repeat, candidates = first[-1], first[:-1]
+    gen = torch.Generator().manual_seed(zlib.crc32(f"checked/{seed}".encode()))
+    order = torch.randperm(len(candidates), generator=gen).tolist()
+    drawn = frozenset(candidates[i] for i in order[:checked])
+    return CallPlan(drawn, repeat, min(drawn, default=candidates[0]))
+
+
 @dataclass
 class TimedCalls:
     """``measure``'s hooks (``harness.bench.timing.CallHooks``) for one timing of one case."""
 
     pool: InputPool
     target: CallTarget
-    checked: frozenset[int]
+    plan: CallPlan
     dtype: torch.dtype
     problem: Problem | None = None
     calls: int = 0
     oracle_checks: int = 0
-    _previous: torch.Tensor | None = field(default=None, repr=False)
+    _previous: tuple[int, torch.Tensor] | None = field(default=None, repr=False)
     _pending: list[tuple[int, torch.Tensor, list[SequenceKV | None] | None]] = field(
         default_factory=list, repr=False
     )
@@ -156,8 +180,12 @@ class TimedCalls:
     def final(self) -> int:
         return self.pool.size - 1
 
+    def held(self, call: int) -> bool:
+        """Whether call ``call`` is held to the oracle."""
+        return call in self.plan.checked or call in (self.plan.repeat, self.final)
+
     def load(self, index: int) -> None:
-        self.target.load(self.pool[index])
+        self.target.load(self.pool[self.plan.variant(index)])
 
     def keep(self, index: int, output: object) -> None:
         self.calls += 1
@@ -168,8 +196,8 @@ class TimedCalls:
         except (TypeError, RuntimeError) as exc:
             self.problem = Problem("INCORRECT_SHAPE", f"timed call {index}: {exc}")
             return
-        held = index in self.checked or index == self.final
-        stored = self.target.stored(self.pool, index) if held else None
+        variant = self.plan.variant(index)
+        stored = self.target.stored(self.pool, variant) if self.held(index) else None
         self._pending.append((index, kept, stored))
 
     def settle(self) -> None:
@@ -177,68 +205,60 @@ class TimedCalls:
         for index, output, stored in pending:
             if self.problem is not None:
                 return
-            previous, self._previous = self._previous, output
-            if previous is not None and _same_bits(output, previous):
+            variant = self.plan.variant(index)
+            previous, self._previous = self._previous, (variant, output)
+            if previous is not None and previous[0] != variant and _same_bits(output, previous[1]):
                 self.problem = Problem(
                     "INCORRECT_NUMERICAL",
                     f"output of timed call {index} is bit for bit the output of the call before "
-                    "it, for other inputs: a stale output (cached by buffer, or work done on "
-                    "some calls only)",
+                    "it, for other inputs: a stale output (cached by buffer, work done on some "
+                    "calls only, or a call that returned before its work was done)",
                 )
-            elif index in self.checked or index == self.final:
-                self._hold(index, output, stored, "timed call")
+            elif self.held(index):
+                self._hold(index, variant, output, stored)
 
     def _hold(
-        self, index: int, output: torch.Tensor, stored: list[SequenceKV | None] | None, what: str
+        self, index: int, variant: int, output: torch.Tensor, stored: list[SequenceKV | None] | None
     ) -> None:
         self.oracle_checks += 1
-        comparison, worst = self.pool.reference(index, stored).compare(output, self.dtype)
+        comparison, worst = self.pool.reference(variant, stored).compare(output, self.dtype)
         if not comparison.passed:
             detail = comparison.describe()
             if comparison.worst_token >= 0:
                 detail = detail.replace(f"token {comparison.worst_token},", f"token {worst},")
             self.problem = Problem(
                 "INCORRECT_NUMERICAL",
-                f"output of a timed call differs from the oracle: {what} {index}: {detail}",
+                f"output of a timed call differs from the oracle: timed call {index}: {detail}",
             )
 
-    def repeat(
-        self, timed_call: Callable[[], tuple[int, object]], fresh_ns: Sequence[int]
-    ) -> list[int]:
-        """``REPEATS`` calls on inputs already used, each timed by ``timed_call`` (flush,
-        call, its nanoseconds and output); their times. A cached output (``REPEAT_FACTOR``
-        faster than the fastest fresh call) or a wrong one sets ``problem``."""
-        if self.problem is not None or not fresh_ns:
-            return []
-        indices = [*sorted(self.checked), self.final][-REPEATS:]
-        times = []
-        for index in indices:
-            self.load(index)
-            elapsed, result = timed_call()
-            times.append(elapsed)
-            kept = self.target.output(result).detach().clone()
-            self._hold(index, kept, self.target.stored(self.pool, index), "repeated call")
-            if self.problem is not None:
-                return times
-        fastest = min(fresh_ns)
-        if statistics.median(times) * REPEAT_FACTOR < fastest:
+    def judge_repeat(self, samples_ns: Sequence[int], warmup: int) -> None:
+        """A cached output: the call on repeated inputs ``REPEAT_FACTOR`` times faster than
+        the fastest of the others (``samples_ns``: the samples, warm-up calls not among them)."""
+        at = self.plan.repeat - warmup
+        others = [t for i, t in enumerate(samples_ns) if i != at]
+        if self.problem is not None or not 0 <= at < len(samples_ns) or not others:
+            return
+        repeated, fastest = samples_ns[at], min(others)
+        if repeated * REPEAT_FACTOR < fastest:
             self.problem = Problem(
                 "INCORRECT_TIMING",
-                "cached output: calls on inputs already used took "
-                f"{statistics.median(times) / 1e3:.3g} us against {fastest / 1e3:.3g} us for the "
-                f"fastest call on fresh inputs ({fastest / max(statistics.median(times), 1):.0f}x "
-                "faster): the work is not done when the inputs repeat",
+                f"cached output: timed call {self.plan.repeat}, on the inputs of call "
+                f"{self.plan.repeat_of} again, took {repeated / 1e3:.3g} us against "
+                f"{fastest / 1e3:.3g} us for the fastest call on fresh inputs "
+                f"({fastest / max(repeated, 1):.0f}x faster): the work is not done when the "
+                "inputs repeat",
             )
-        return times
 
-    def record(self, repeat_ns: Sequence[int]) -> dict[str, Any]:
+    def record(self) -> dict[str, Any]:
         """What the results file keeps of these checks."""
+        held = {*self.plan.checked, self.plan.repeat, self.final}
         return {
             "calls": self.calls,
             "pool": self.pool.size,
-            "oracle_checked_calls": sorted({*self.checked, self.final}),
+            "oracle_checked_calls": sorted(held),
             "oracle_checks": self.oracle_checks,
-            "repeat_ns": list(repeat_ns),
+            "repeat_call": self.plan.repeat,
+            "repeat_of": self.plan.repeat_of,
         }
 
 
@@ -246,15 +266,6 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     return bool(torch.equal(a.view(torch.uint8), b.view(torch.uint8)))
-
-
-def checked_calls(seed: int, warmup: int, min_samples: int) -> frozenset[int]:
-    """``CHECKED_CALLS`` call numbers among the first samples every timing takes (the
-    loop takes at least ``min_samples - 1`` before the final call), seeded by the case."""
-    first = range(warmup, warmup + max(1, min_samples - 1))
-    gen = torch.Generator().manual_seed(zlib.crc32(f"checked/{seed}".encode()))
-    order = torch.randperm(len(first), generator=gen).tolist()
-    return frozenset(first[i] for i in order[:CHECKED_CALLS])
 
 
 def ideal_store(pool: InputPool, index: int) -> list[SequenceKV | None]:

@@ -422,18 +422,6 @@ class _StopwatchHooks:
         self._timed(self.inner.settle)
 
 
-def time_one(
-    call: Callable[[], object], clock: Clock, flusher: Callable[[], None] | None
-) -> tuple[int, object]:
-    """One call timed as ``measure`` times each: flush, then the call between two marks."""
-    if flusher is not None:
-        flusher()
-    start = clock.mark()
-    output = call()
-    end = clock.mark()
-    return clock.elapsed_ns([(start, end)])[0], output
-
-
 def timer_overhead(
     device: str = "cpu",
     *,

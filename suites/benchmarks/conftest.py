@@ -39,7 +39,7 @@ from harness.bench.fresh_inputs import case_pool
 from harness.bench.peer import PEER_CLASS, PEER_NAME, ContiguousPeer
 from harness.bench.run_results import case_metrics
 from harness.bench.runner import PREPARE_TIMING, case_record
-from harness.bench.timed_checks import CallTarget, PeerTarget, TimedCalls, checked_calls
+from harness.bench.timed_checks import CallTarget, PeerTarget, TimedCalls, call_plan
 from harness.bench.timing import CacheFlusher, HostClock, TimingConfig, measure, stamp_timer
 from harness.bench.workloads import CaseSpec, Workload, get_workload
 from harness.core.registry import class_label, default_registry
@@ -199,6 +199,7 @@ class BenchSession:
                     flusher=self.flusher,
                     hooks=calls,
                 )
+                calls.judge_repeat(m.samples_ns, config.warmup)
                 if calls.problem is None:
                     forward = TimingRecord.from_measurement(m)
                 else:
@@ -218,7 +219,7 @@ class BenchSession:
         return TimedCalls(
             case_pool(case, config),
             target,
-            checked_calls(case.spec.seed, config.warmup, config.min_samples),
+            call_plan(case.spec.seed, config.warmup, config.min_samples),
             case.inputs.queries[0].dtype,
         )
 
@@ -368,6 +369,9 @@ def bench_run(
             iterations=1,
         )
         rounds.finish()
+        if not benchmark.disabled and benchmark.stats is not None:
+            timed = [round(d * 1e9) for d in benchmark.stats.stats.data]
+            rounds.calls.judge_repeat(timed, s.warmup)
         problem = rounds.calls.problem
         if problem is not None:
             pytest.fail(f"{problem.status}: {entry.name} on {case.prefix}: {problem.cause}", False)
