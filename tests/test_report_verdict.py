@@ -339,8 +339,8 @@ def test_each_workload_shows_every_backend_and_the_peer_against_the_ceiling(tmp_
         own = [
             c.roofline_fraction
             for c in runs[0].cases
-            if c.case.workload == line.workload and c.case.backend == line.backend and c.valid
-        ]
+            if c.case.workload == line.workload and c.case.backend == line.backend and c.counts
+        ]  # an unreliable case (two clusters of samples) is in no range
         assert line.roofline is not None
         assert line.roofline.low == min(own)
         assert line.roofline.high == max(own)

@@ -12,10 +12,10 @@ with variant ``i``'s tokens.
 
 One ``InputPool`` per case, shared by the peer and every backend: call ``i`` reads
 variant ``i`` in every timing (drawn once, outside the timed region, when a timing
-first reads it), so the oracle of a checked variant is computed once per case. The pool's memory is bounded
-(``POOL_BYTES``): where a case's inputs are large the pool holds fewer variants and
-the timing takes at most that many calls, since a variant read twice would let a
-cache keyed by content hit.
+first reads it), so the oracle of a checked variant is computed once per case. The
+pool's memory is bounded (``POOL_BYTES``): where a case's inputs are large the pool
+holds fewer variants and the timing takes at most that many calls, since a variant
+read twice would let a cache keyed by content hit.
 
 The oracle of a variant covers every token of a small step, and a seeded sample of
 ``CHECKED_TOKENS`` tokens of a large causal one: a token at position ``p`` is a query

@@ -158,6 +158,8 @@ def _perf_note(line: PerformanceLine) -> str:
         notes.append(f"{len(line_failing)} failed: {shown}{more}")
     if unsupported:
         notes.append(f"{unsupported} unsupported ({line.unsupported_reason})")
+    if line.unreliable:
+        notes.append(line.unreliable_note)
     if not timed and not line_failing and not unsupported:
         notes.append("nothing timed")
     return "; ".join(notes)

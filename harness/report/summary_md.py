@@ -86,6 +86,7 @@ def _verdict(verdict: ReportVerdict) -> list[str]:
             if p.unsupported:
                 why = f"{p.unsupported} unsupported ({md(p.unsupported_reason)})"
                 note = ", ".join(x for x in (note, why) if x)
+            note = ", ".join(x for x in (note, md(p.unreliable_note)) if x)
             peer = "1 (the peer)" if p.is_peer else ratio_range(p.ratio)
             cells += [md(p.backend), f"{p.timed}/{p.cases}", peer]
             if engine:

@@ -79,6 +79,14 @@ class PerformanceLine:
     unsupported_reason: str | None = None  # the most common reason the backend gave
     unreliable: int = 0  # timed cases whose timing is not a result: in no range above
 
+    @property
+    def unreliable_note(self) -> str:
+        """What the note column says of its unreliable cases ("" where there are none)."""
+        if not self.unreliable:
+            return ""
+        why = "two clusters of samples, or a ratio not known"
+        return f"{self.unreliable} unreliable ({why}): in no range"
+
 
 @dataclass(frozen=True)
 class WorkloadLine:
