@@ -103,7 +103,7 @@ def test_the_cli_exits_1_on_a_cheat_and_the_gate_fails_its_results(tmp_path, mon
 
 def _pool(size: int = 8):
     case = prepare_case(CASE, SPEC, "cpu")
-    return case, InputPool.draw(case.inputs, size, seed=SPEC.seed)
+    return case, InputPool(case.inputs, size, seed=SPEC.seed)
 
 
 def test_pool_variants_differ_from_each_other_and_from_the_case_and_keep_its_layout():
@@ -139,7 +139,7 @@ def test_a_long_step_is_checked_on_sampled_tokens_that_still_catch_a_wrong_one()
     spec = CaseSpec("prefill", (200,), (200,), seed=5, num_heads=4, num_kv_heads=2, head_dim=32)
     workload = Workload("p", 1, "prefill", "tests only", (spec,), (spec,))
     case = prepare_case(workload, spec, "cpu")
-    pool = InputPool.draw(case.inputs, 2, seed=1)
+    pool = InputPool(case.inputs, 2, seed=1)
     checked = pool.reference(0)
     assert checked.tokens is not None
     assert len(checked.tokens) == CHECKED_TOKENS

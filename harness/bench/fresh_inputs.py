@@ -107,10 +107,6 @@ class InputPool:
     _variants: dict[int, Variant] = field(default_factory=dict, repr=False)
     _references: dict[int, CheckedTokens] = field(default_factory=dict, repr=False)
 
-    @classmethod
-    def draw(cls, inputs: StepInputs, size: int, seed: int) -> InputPool:
-        return cls(inputs, size, seed)
-
     def __getitem__(self, index: int) -> Variant:
         if not 0 <= index < self.size:
             raise IndexError(f"variant {index} of a pool of {self.size}")
@@ -189,5 +185,5 @@ def case_pool(case: PreparedCase, timing: TimingConfig) -> InputPool:
     if case.pool is None:
         wanted, least = timing.warmup + timing.max_samples, timing.warmup + timing.min_samples
         size = pool_size(case.inputs, wanted, torch.device(case.device).type, least)
-        case.pool = InputPool.draw(case.inputs, size, seed=case.spec.seed)
+        case.pool = InputPool(case.inputs, size, seed=case.spec.seed)
     return case.pool
