@@ -221,6 +221,7 @@ def test_the_worker_also_runs_under_torchrun(tmp_path: Path) -> None:
 
 
 BACKENDS = ROOT / "tests" / "fixtures" / "dist_backends.py"
+CHEATS = ROOT / "tests" / "fixtures" / "cheating_backends.py"
 
 
 def test_a_backend_without_padding_runs_unpadded_and_idle_ranks_still_join(
@@ -405,6 +406,29 @@ def test_dist_bench_writes_a_scaling_results_file_the_report_draws(
     report = tmp_path / "report"
     assert main(["report", str(out), "--out", str(report)]) == 0
     assert (report / "figures" / "dp-scaling.png").exists()
+
+
+def test_dist_bench_fails_a_backend_that_skips_work_on_timed_steps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every timed step reads fresh inputs on every rank and is watched, as in ``bench``."""
+    from harness.results.store import load_results
+
+    cheat = f"{CHEATS}:CachedByBuffer"
+    out = tmp_path / "scaling.json"
+    code = main([
+        "dist-bench", "--backend", cheat, "--dp-sizes", "1,2", "--sequences", "4",
+        "--context", "64", "--steps", "5", "--warmup", "1", "--out", str(out),
+    ])  # fmt: skip
+    text = capsys.readouterr().out
+    assert code == 1, text
+    for case in load_results(out).cases:
+        assert case.status == "INCORRECT_NUMERICAL"
+        assert case.error is not None
+        assert case.error.startswith("rank ")
+        assert "bit for bit the output of the call before it" in case.error
+        assert case.oracle is not None
+        assert case.oracle["passed"]  # right on the step checked before timing
 
 
 @pytest.mark.parametrize(

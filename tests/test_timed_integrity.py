@@ -343,3 +343,18 @@ def test_the_pytest_benchmark_suites_fail_a_cheat_too():
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     assert "INCORRECT_NUMERICAL" in done.stdout
     assert "bit for bit the output of the call before it" in done.stdout
+
+
+def test_an_ab_round_times_fresh_watched_inputs_and_a_cheat_is_an_error():
+    from harness.ab.worker import Side
+
+    honest = Side("sdpa", "cpu")
+    ready = honest.prepare("decode-sweep", "ctx=512", "cpu")
+    assert ready["status"] == "PASSED"
+    timed = honest.time(ready["key"], samples=6, warmup=1, cold_cache=False)
+    assert len(timed["samples_ns"]) == 6
+    cheat = Side(f"{FIXTURE}:CachedByBuffer", "cpu")
+    ready = cheat.prepare("decode-sweep", "ctx=512", "cpu")
+    assert ready["status"] == "PASSED"  # right on the check before timing
+    timed = cheat.time(ready["key"], samples=6, warmup=1, cold_cache=False)
+    assert timed["error"].startswith("INCORRECT_NUMERICAL: output of timed call")

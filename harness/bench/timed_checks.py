@@ -70,8 +70,9 @@ class BackendTarget:
     query: torch.Tensor
     key: torch.Tensor
     value: torch.Tensor
-    caches: list[LayerCache]
+    caches: list[LayerCache]  # the layer's cache, alone: what an FP8 check reads
     quantized: bool = False
+    layer: int = 0
 
     @classmethod
     def over(
@@ -80,6 +81,7 @@ class BackendTarget:
         args: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
         caches: list[LayerCache],
         quantized: bool,
+        layer: int = 0,
     ) -> BackendTarget:
         query, key, value = args
         own_key = key.clone()
@@ -87,10 +89,10 @@ class BackendTarget:
         own_value = (
             own_key[..., : value.shape[-1]] if value.data_ptr() == key.data_ptr() else value.clone()
         )
-        return cls(backend, query.clone(), own_key, own_value, caches, quantized)
+        return cls(backend, query.clone(), own_key, own_value, caches, quantized, layer)
 
     def __call__(self) -> object:
-        return self.backend.forward(self.query, self.key, self.value, 0)
+        return self.backend.forward(self.query, self.key, self.value, self.layer)
 
     def load(self, variant: Variant) -> None:
         self.query.copy_(variant.query)
@@ -168,6 +170,7 @@ class TimedCalls:
     target: CallTarget
     plan: CallPlan
     dtype: torch.dtype
+    oracle: bool = True  # False: no call held to the oracle (stale outputs, repeats only)
     problem: Problem | None = None
     calls: int = 0
     oracle_checks: int = 0
@@ -182,7 +185,8 @@ class TimedCalls:
 
     def held(self, call: int) -> bool:
         """Whether call ``call`` is held to the oracle."""
-        return call in self.plan.checked or call in (self.plan.repeat, self.final)
+        planned = call in self.plan.checked or call in (self.plan.repeat, self.final)
+        return self.oracle and planned
 
     def load(self, index: int) -> None:
         self.target.load(self.pool[self.plan.variant(index)])
@@ -251,7 +255,7 @@ class TimedCalls:
 
     def record(self) -> dict[str, Any]:
         """What the results file keeps of these checks."""
-        held = {*self.plan.checked, self.plan.repeat, self.final}
+        held = {*self.plan.checked, self.plan.repeat, self.final} if self.oracle else set()
         return {
             "calls": self.calls,
             "pool": self.pool.size,

@@ -125,7 +125,10 @@ def run_rank(args: argparse.Namespace) -> None:
         counts = torch.zeros(dp_size, dtype=torch.int64)
         samples: list[int] = []
         wrong = next((v for v in verdicts if v[2] is not None), None)
+        calls = layer_calls(backend, inputs, load)  # fresh inputs every step, watched
         for step in range(0 if wrong else load.warmup + load.steps):
+            for layer_call in calls:  # outside the timed region, before the first barrier
+                layer_call.load(step)
             beat.beat(step, "barrier")
             dist.barrier()
             started = time.perf_counter_ns()
@@ -134,23 +137,66 @@ def run_rank(args: argparse.Namespace) -> None:
             dist.all_reduce(counts)  # the engine's token-count exchange
             beat.beat(step, "forward")
             backend.prepare(inputs.step.metadata)
-            for layer in range(load.num_layers):
-                backend.forward(*inputs.forward_args(layer), layer)
+            outputs = [layer_call.target() for layer_call in calls]
             beat.beat(step, "barrier")
             dist.barrier()
             if step >= load.warmup:
                 samples.append(time.perf_counter_ns() - started)
+            for layer_call, output in zip(calls, outputs, strict=True):
+                layer_call.keep(step, output)
+                layer_call.settle()
+        if not wrong:
+            calls[0].judge_repeat(samples, load.warmup)  # every layer's repeat is one step
+        found = next((c.problem for c in calls if c.problem is not None), None)
+        timed: list[Any] = [None] * dp_size
+        mine = None if found is None else (rank, found.status, found.cause)
+        dist.all_gather_object(timed, mine)
         if rank == 0 and args.run_dir is not None:
             result = {
                 "samples_ns": samples,
                 "threads": torch.get_num_threads(),
                 "oracle": [{"rank": r, "worst_ratio": w, "problem": p} for r, w, p in verdicts],
+                "timed": [{"rank": t[0], "status": t[1], "cause": t[2]} for t in timed if t],
             }
             (args.run_dir / "bench.json").write_text(json.dumps(result), encoding="utf-8")
         beat.beat(load.steps, "done")
         dist.destroy_process_group()
     except BaseException as exc:
         fail_rank(args.run_dir, beat, exc)
+
+
+def layer_calls(backend: Any, inputs: Any, load: ScalingLoad) -> list[Any]:
+    """Each layer's timed calls (``harness.bench.timed_checks``): its own buffers, refilled
+    from a pool of fresh inputs every step; its outputs compared step to step, some steps
+    held to the oracle, and one step reading an earlier one's inputs again."""
+    from harness.bench.fresh_inputs import InputPool
+    from harness.bench.timed_checks import BackendTarget, TimedCalls, call_plan
+    from harness.numerics.scenario import StepInputs
+
+    s = inputs.scenario
+    steps = load.warmup + load.steps
+    plan = call_plan(s.seed, load.warmup, load.steps)
+    calls = []
+    for layer in range(load.num_layers):
+        own = StepInputs(
+            s,
+            inputs.step,
+            [inputs.caches[layer]],
+            [inputs.queries[layer]],
+            [inputs.keys[layer]],
+            [inputs.values[layer]],
+            [inputs.sequences[layer]],
+        )
+        target = BackendTarget.over(
+            backend,
+            inputs.forward_args(layer),
+            [inputs.caches[layer]],
+            s.variant.quantized,
+            layer,
+        )
+        pool = InputPool(own, steps, seed=s.seed * 1000 + layer)
+        calls.append(TimedCalls(pool, target, plan, s.dtype))
+    return calls
 
 
 def build_rank_parser() -> argparse.ArgumentParser:
@@ -239,11 +285,17 @@ def sweep(
             "worst_ratio": worst,
             "detail": problem or f"every rank within the bound (worst {worst:.3f}x)",
         }
+        timed = measured.get("timed") or []
+        if problem is None and timed:  # a timed step's output, or its time, not the work's
+            status = timed[0]["status"]
+            problem = f"rank {timed[0]['rank']}: {timed[0]['cause']}"
+        else:
+            status = "INCORRECT_NUMERICAL"
         if problem is not None:
             cases.append(
                 CaseRecord(
                     **base,
-                    status="INCORRECT_NUMERICAL",
+                    status=status,
                     error=problem,
                     oracle=verdict,
                     forward=None,
@@ -251,7 +303,7 @@ def sweep(
                     metrics=None,
                 )
             )
-            progress(f"dp={dp_size}: INCORRECT_NUMERICAL: {problem}")
+            progress(f"dp={dp_size}: {status}: {problem}")
             continue
         threads_seen.append(measured["threads"])
         forward = TimingRecord(
