@@ -34,6 +34,7 @@ import torch
 
 from harness.bench.fresh_inputs import InputPool, Variant
 from harness.bench.peer import ContiguousPeer
+from harness.bench.table import format_ns
 from harness.core.contract import LayerCache
 from harness.core.kv_pages import write_tokens
 from harness.numerics.oracle import SequenceKV
@@ -247,8 +248,8 @@ class TimedCalls:
             self.problem = Problem(
                 "INCORRECT_TIMING",
                 f"cached output: timed call {self.plan.repeat}, on the inputs of call "
-                f"{self.plan.repeat_of} again, took {repeated / 1e3:.3g} us against "
-                f"{fastest / 1e3:.3g} us for the fastest call on fresh inputs "
+                f"{self.plan.repeat_of} again, took {format_ns(repeated)} against "
+                f"{format_ns(fastest)} for the fastest call on fresh inputs "
                 f"({fastest / max(repeated, 1):.0f}x faster): the work is not done when the "
                 "inputs repeat",
             )
