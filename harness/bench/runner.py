@@ -65,7 +65,6 @@ from harness.bench.ceilings import (
     run_ceilings,
 )
 from harness.bench.environment import fingerprint
-from harness.bench.fresh_inputs import case_pool
 from harness.bench.peer import PEER_CLASS, PEER_NAME, ContiguousPeer
 from harness.bench.run_results import case_metrics, finish_run, noisy_against
 from harness.bench.sdpa_pin import first_kernel_that_runs, says_no_kernel
@@ -73,8 +72,7 @@ from harness.bench.timed_checks import (
     CallTarget,
     PeerTarget,
     Problem,
-    TimedCalls,
-    call_plan,
+    case_calls,
 )
 from harness.bench.timing import (
     CacheFlusher,
@@ -169,13 +167,8 @@ class _Runner:
     def _time_forward(self, target: CallTarget, case: PreparedCase) -> TimedForward:
         """Time ``target`` on fresh inputs, every call watched (``harness.bench.timed_checks``)."""
         config = self.config.timing
-        pool = case_pool(case, config)
-        calls = TimedCalls(
-            pool,
-            target,
-            call_plan(case.spec.seed, config.warmup, config.min_samples),
-            case.inputs.queries[0].dtype,
-        )
+        calls = case_calls(case, target, config)
+        pool = calls.pool
         timing = replace(config, max_samples=min(config.max_samples, pool.size - config.warmup))
         call: Callable[[], object] = target
         if self.graph_mode:

@@ -28,16 +28,20 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from harness.bench.fresh_inputs import InputPool, Variant
+from harness.bench.fresh_inputs import InputPool, Variant, case_pool
 from harness.bench.peer import ContiguousPeer
 from harness.bench.table import format_ns
 from harness.core.contract import LayerCache
-from harness.core.kv_pages import write_tokens
 from harness.numerics.oracle import SequenceKV
+from harness.numerics.scenario import store_step_tokens
+
+if TYPE_CHECKING:
+    from harness.bench.case_check import PreparedCase
+    from harness.bench.timing import TimingConfig
 
 CHECKED_CALLS = 2
 """Timed calls (besides the last) held to the oracle in each timing."""
@@ -276,18 +280,12 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 def ideal_store(pool: InputPool, index: int) -> list[SequenceKV | None]:
     """Variant ``index``'s K/V as a correct backend stores them in an FP8 cache: written
     into the case's own caches (the peer reads none of them) and read back."""
-    inputs = pool.inputs
-    s = inputs.scenario
-    slots = inputs.step.metadata.slot_mapping.cpu()
-    written = (slots != -1).nonzero().flatten()
-    variant = pool[index]
-    device = variant.key.device
-    write_tokens(
-        inputs.caches[0],
-        slots[written],
-        variant.key.index_select(0, written.to(device)),
-        variant.value.index_select(0, written.to(device)),
-        k_scale=s.variant.k_scale,
-        v_scale=s.variant.v_scale,
-    )
-    return pool.stored(index, inputs.caches)
+    step = pool.step(index)
+    store_step_tokens(step)
+    return pool.stored(index, step.caches)
+
+
+def case_calls(case: PreparedCase, target: CallTarget, timing: TimingConfig) -> TimedCalls:
+    """The watched calls of one timing of ``case``: its pool, its seeded plan."""
+    plan = call_plan(case.spec.seed, timing.warmup, timing.min_samples)
+    return TimedCalls(case_pool(case, timing), target, plan, case.inputs.queries[0].dtype)

@@ -35,11 +35,10 @@ from harness.bench.case_check import (
 )
 from harness.bench.ceilings import RunCeilings, run_ceilings
 from harness.bench.environment import fingerprint
-from harness.bench.fresh_inputs import case_pool
 from harness.bench.peer import PEER_CLASS, PEER_NAME, ContiguousPeer
 from harness.bench.run_results import case_metrics
 from harness.bench.runner import PREPARE_TIMING, case_record
-from harness.bench.timed_checks import CallTarget, PeerTarget, TimedCalls, call_plan
+from harness.bench.timed_checks import CallTarget, PeerTarget, TimedCalls, case_calls
 from harness.bench.timing import CacheFlusher, HostClock, TimingConfig, measure, stamp_timer
 from harness.bench.workloads import CaseSpec, Workload, get_workload
 from harness.core.registry import class_label, default_registry
@@ -215,13 +214,7 @@ class BenchSession:
 
     def timed_calls(self, case: PreparedCase, target: CallTarget) -> TimedCalls:
         """Fresh inputs for every timed call of ``case``, each call's output watched."""
-        config = self.timing_config()
-        return TimedCalls(
-            case_pool(case, config),
-            target,
-            call_plan(case.spec.seed, config.warmup, config.min_samples),
-            case.inputs.queries[0].dtype,
-        )
+        return case_calls(case, target, self.timing_config())
 
     def time_prepare(self, fn: Any) -> TimingRecord:
         sync = torch.cuda.synchronize if self.device == "cuda" else None
