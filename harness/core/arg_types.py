@@ -20,6 +20,7 @@ from typing import NoReturn
 
 from harness.core.atomic_file import unwritable_reason
 from harness.core.exit_codes import EXIT_USAGE
+from harness.core.shards import Shard
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -243,3 +244,11 @@ def name_pair(text: str) -> tuple[str, str]:
     if not sep or not left or not right:
         raise argparse.ArgumentTypeError(f"expected NAME=NAME, got {text!r}")
     return left, right
+
+
+def shard(text: str) -> Shard:
+    """``K/N``: shard K (from 1) of N: the share of a sweep one machine runs."""
+    try:
+        return Shard.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
