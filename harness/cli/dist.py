@@ -58,6 +58,27 @@ def add_dist_command(subparsers: Any) -> None:
     )
     p.add_argument("--dist-backend", default="auto", choices=("auto", "gloo", "nccl"))
     p.add_argument(
+        "--nnodes",
+        type=positive_int,
+        default=1,
+        help="hosts the ranks are spread over (default 1); start this command on each, with "
+        "the same arguments and its own --node-rank",
+    )
+    p.add_argument(
+        "--node-rank",
+        type=at_least(0),
+        default=0,
+        help="this host's place, 0..nnodes-1 (default 0); node 0 holds the rendezvous",
+    )
+    p.add_argument(
+        "--master",
+        type=_master,
+        default=None,
+        metavar="HOST:PORT",
+        help="the rendezvous: node 0's address and a free port on it, reachable from every "
+        "host (needed with --nnodes > 1; one host: a free port on 127.0.0.1)",
+    )
+    p.add_argument(
         "--json", type=output_file, metavar="FILE", help="write the run's summary as JSON"
     )
     p.add_argument(
@@ -79,6 +100,23 @@ def _fault(text: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
+
+
+def _master(text: str) -> tuple[str, int]:
+    from harness.dist.rendezvous import NodePlan
+
+    try:
+        return NodePlan.parse_master(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def node_plan(args: argparse.Namespace) -> Any:
+    """This host's ``NodePlan`` from ``--nnodes``/``--node-rank``/``--master``."""
+    from harness.dist.rendezvous import NodePlan
+
+    host, port = args.master if args.master is not None else ("127.0.0.1", 0)
+    return NodePlan(args.nnodes, args.node_rank, host, port)
 
 
 def _error(command: str, problem: str) -> int:
@@ -107,6 +145,14 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
     from harness.core.atomic_file import unwritable_reason
     from harness.dist.group import group_problem
 
+    if args.nnodes > 1 and args.master is None:
+        return f"--nnodes {args.nnodes} needs --master HOST:PORT (node 0's address, a free port)"
+    if args.node_rank >= args.nnodes:
+        return f"--node-rank {args.node_rank} is outside 0..{args.nnodes - 1}"
+    if args.dp_size < args.nnodes:
+        return f"--dp-size {args.dp_size} < --nnodes {args.nnodes}: a host would run no rank"
+    if args.master is not None and args.master[1] == 0:
+        return "--master needs a port other than 0"
     for text in args.inject:
         fault = Fault.parse(text)
         if fault.rank >= args.dp_size:
@@ -157,17 +203,34 @@ def _claim_problem(args: argparse.Namespace) -> str | None:
 
 def cmd_dist(args: argparse.Namespace) -> int:
     from harness.dist.launcher import Terminated, launch
+    from harness.dist.rendezvous import RendezvousError
 
     problem = _usage_problem(args)
     if problem is not None:
         return _error("dist", problem)
-    print(f"dist: {args.dp_size} ranks of {args.backend!r}, {args.steps} steps, seed {args.seed}")
+    plan = node_plan(args)
+    hosts = ""
+    if args.nnodes > 1:
+        ranks = plan.ranks(args.dp_size)
+        hosts = (
+            f" over {args.nnodes} hosts (node {args.node_rank} of {args.nnodes}: ranks "
+            f"{ranks.start}-{ranks.stop - 1}; rendezvous {args.master[0]}:{args.master[1]})"
+        )
+    print(
+        f"dist: {args.dp_size} ranks of {args.backend!r}{hosts}, {args.steps} steps, "
+        f"seed {args.seed}",
+        flush=True,
+    )
     try:
         with tempfile.TemporaryDirectory(prefix="attn-harness-dist-") as run_dir:
-            outcome = launch(worker_args(args), args.dp_size, Path(run_dir), timeout=args.timeout)
+            outcome = launch(
+                worker_args(args), args.dp_size, Path(run_dir), timeout=args.timeout, plan=plan
+            )
     except (KeyboardInterrupt, Terminated) as exc:
-        print(f"dist: interrupted ({exc or 'SIGINT'}); every rank was killed")
+        print(f"dist: interrupted ({exc or 'SIGINT'}); every rank on this host was killed")
         return EXIT_INTERRUPTED
+    except RendezvousError as exc:
+        return _error("dist", str(exc))
     summary = outcome.summary or {}
     checked = summary.get("checked_steps", 0)
     if outcome.exit_code == EXIT_OK and not checked:
@@ -175,7 +238,8 @@ def cmd_dist(args: argparse.Namespace) -> int:
         outcome.message = "no step was checked: no rank had tokens in any step (try more --steps)"
     if outcome.exit_code == EXIT_OK:
         print(
-            f"PASSED: {args.dp_size} ranks, {checked} of {args.steps} steps checked against "
+            f"PASSED: {args.dp_size} ranks{' on ' + str(args.nnodes) + ' hosts' if hosts else ''}"
+            f", {checked} of {args.steps} steps checked against "
             f"the float64 oracle and the shared pool ({args.steps - checked} had no tokens "
             f"anywhere) in {outcome.seconds:.1f} s; padding {summary.get('padding', '?')}; "
             "no process left"

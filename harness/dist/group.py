@@ -14,7 +14,9 @@ import torch.distributed as dist
 PARENT_ENV = "ATTN_HARNESS_DIST_PARENT"
 """Set by the launcher to its pid: a rank whose launcher is gone ends itself."""
 INIT_ENV = "ATTN_HARNESS_DIST_INIT"
-"""The launcher's rendezvous (a file store); torchrun's ``env://`` when unset."""
+"""The launcher's rendezvous (``store://HOST:PORT``); torchrun's ``env://`` when unset."""
+GROUP_PREFIX = "group/"
+"""The ranks' keys in the launcher's store (the launchers keep theirs under ``launch/``)."""
 
 
 def dist_backend(choice: str, device: str, dp_size: int) -> str:
@@ -48,16 +50,25 @@ def rank_device(device: str, rank: int) -> str:
 
 
 def join_group(choice: str, device: str, rank: int, dp_size: int, timeout: float) -> None:
-    """``init_process_group`` from the launcher's file store, or torchrun's ``env://``."""
+    """``init_process_group`` through the launchers' store, or torchrun's ``env://``."""
     backend = dist_backend(choice, device, dp_size)
     if backend == "nccl":  # object collectives run on the current device
         torch.cuda.set_device(rank % _gpus())
+    patience = datetime.timedelta(seconds=timeout)
+    init = os.environ.get(INIT_ENV, "env://")
+    if not init.startswith("store://"):
+        dist.init_process_group(
+            backend, init_method=init, rank=rank, world_size=dp_size, timeout=patience
+        )
+        return
+    host, _, port = init.removeprefix("store://").rpartition(":")
+    store = dist.TCPStore(host.strip("[]"), int(port), is_master=False, timeout=patience)
     dist.init_process_group(
         backend,
-        init_method=os.environ.get(INIT_ENV, "env://"),
+        store=dist.PrefixStore(GROUP_PREFIX, store),
         rank=rank,
         world_size=dp_size,
-        timeout=datetime.timedelta(seconds=timeout),
+        timeout=patience,
     )
 
 

@@ -22,19 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from harness.bench.environment import usable_cpus
-from harness.dist.diagnosis import RunFailure, diagnose_exit, diagnose_stall
 from harness.dist.group import INIT_ENV, PARENT_ENV
-from harness.dist.progress import read_beat, read_status, read_summary
+from harness.dist.group_watch import STARTUP_S, GroupWatch
+from harness.dist.rendezvous import NodeLink, NodePlan
 from harness.processes.supervisor import Child
 
-POLL_S = 0.05
-GRACE_S = 2.0
-"""After the first rank fails, how long the others get to fail on their own (and say why)."""
 COLLECTIVE_MARGIN_S = 30.0
 """gloo's own timeout is the watchdog's plus this: the watchdog, which can tell the hung rank
 from those waiting on it, acts first."""
-STARTUP_S = 180.0
-"""How long ranks may take to import torch and join before the stall timeout applies."""
 
 
 @dataclass
@@ -57,18 +52,21 @@ def worker_command(worker_args: Sequence[str], module: str = "harness.dist.worke
     return [sys.executable, "-m", module, *worker_args]
 
 
-def _environment(rank: int, dp_size: int, run_dir: Path) -> dict[str, str]:
+def _environment(rank: int, dp_size: int, plan: NodePlan, link: NodeLink) -> dict[str, str]:
+    """torchrun's variables (ranks numbered across hosts), and the rendezvous to join."""
+    local = plan.ranks(dp_size)
     env = dict(os.environ)
     env.update(
         RANK=str(rank),
-        LOCAL_RANK=str(rank),
+        LOCAL_RANK=str(rank - local.start),
         WORLD_SIZE=str(dp_size),
-        LOCAL_WORLD_SIZE=str(dp_size),
+        LOCAL_WORLD_SIZE=str(len(local)),
+        GROUP_RANK=str(plan.node_rank),
     )
-    env[INIT_ENV] = f"file://{run_dir / 'store'}"
+    env[INIT_ENV] = link.init_url()
     env[PARENT_ENV] = str(os.getpid())
-    # the machine's cores shared among the ranks, unless the caller chose
-    env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cpus() // dp_size)))
+    # this host's cores shared among its ranks, unless the caller chose
+    env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cpus() // len(local))))
     return env
 
 
@@ -102,12 +100,17 @@ def launch(
     timeout: float,
     echo_rank0: bool = True,
     module: str = "harness.dist.worker",
+    plan: NodePlan | None = None,
 ) -> Outcome:
-    """Run ``dp_size`` ranks of ``python -m MODULE worker_args`` to the end.
+    """Run this host's ranks of ``python -m MODULE worker_args`` to the end of the group's run.
 
-    Every way out (a failure, Ctrl-C, SIGTERM, SIGHUP) kills every rank's
-    process group first; ranks also die with the launcher if it is killed.
+    ``plan`` places this host among ``nnodes`` (default: one host runs every
+    rank). Every way out (a failure on any host, Ctrl-C, SIGTERM, SIGHUP) kills
+    every local rank's process group first; ranks also die with the launcher if
+    it is killed. Raises ``RendezvousError`` when the store cannot be hosted or
+    reached.
     """
+    plan = plan or NodePlan()
     run_dir.mkdir(parents=True, exist_ok=True)
     # gloo's timeout covers joining too: it outlasts the startup allowance and the watchdog
     collective_timeout = max(timeout, STARTUP_S) + COLLECTIVE_MARGIN_S
@@ -117,36 +120,39 @@ def launch(
         "--timeout", str(collective_timeout),
     ]  # fmt: skip
     started = time.monotonic()
-    ranks: list[Child] = []
+    link = NodeLink(plan, dp_size, connect_s=max(timeout, STARTUP_S))
+    ranks: dict[int, Child] = {}
     logs = []
-    with _terminations_raise():
-        try:
-            for rank in range(dp_size):
-                log = open(run_dir / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed below
-                logs.append(log)
-                ranks.append(
-                    Child(
+    try:
+        with _terminations_raise():
+            try:
+                for rank in plan.ranks(dp_size):
+                    log = open(run_dir / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed below
+                    logs.append(log)
+                    ranks[rank] = Child(
                         command,
-                        env=_environment(rank, dp_size, run_dir),
+                        env=_environment(rank, dp_size, plan, link),
                         stdout=None if (rank == 0 and echo_rank0) else log,
                         stderr=log,
                     )
-                )
-            failure = _watch(ranks, run_dir, timeout)
-        except BaseException:
-            _stop_all(ranks)
-            raise
-        finally:
-            for log in logs:
-                log.close()
-        survivors = _stop_all(ranks)
+                watch = GroupWatch(link, ranks, run_dir, timeout)
+                failure = watch.run()
+            except BaseException:
+                _stop_all(ranks)
+                raise
+            finally:
+                for log in logs:
+                    log.close()
+            survivors = _stop_all(ranks)
+            failure, summary = watch.finish(failure)
+    finally:
+        link.close()
     seconds = time.monotonic() - started
-    pids = [r.pid for r in ranks]
-    texts = {r: _tail(run_dir / f"rank{r}.log") for r in range(dp_size)}
+    pids = [r.pid for r in ranks.values()]
+    texts = {r: _tail(run_dir / f"rank{r}.log") for r in ranks}
     if survivors:
         message = f"processes still alive after the run: {survivors}"
         return Outcome(1, message, None, seconds, pids, survivors, logs=texts)
-    summary = read_summary(run_dir)
     if failure is None:
         return Outcome(0, "passed", summary, seconds, pids, logs=texts)
     return Outcome(
@@ -163,47 +169,12 @@ def launch(
     )
 
 
-def _watch(procs: list[Child], run_dir: Path, timeout: float) -> RunFailure | None:
-    """Poll until every rank exits 0 (None) or the run must end (the failure)."""
-    dp_size = len(procs)
-    last_change = time.monotonic()
-    seen: list[tuple[int, str] | None] = [None] * dp_size
-    while True:
-        codes = [p.poll() for p in procs]
-        if all(c == 0 for c in codes):
-            return None
-        if any(c not in (None, 0) for c in codes):
-            return _first_failure(procs, run_dir)
-        now = time.monotonic()
-        beats = [read_beat(run_dir, r) for r in range(dp_size)]
-        marks = [None if b is None else (b.step, b.phase) for b in beats]
-        if marks != seen:
-            seen, last_change = marks, now
-        started = all(b is not None and b.phase not in ("init", "setup") for b in beats)
-        if now - last_change > (timeout if started else max(timeout, STARTUP_S)):
-            return diagnose_stall(beats, codes, now - last_change, timeout)
-        time.sleep(POLL_S)
-
-
-def _first_failure(procs: list[Child], run_dir: Path) -> RunFailure:
-    """Give the others a moment to say why, then pick the cause, not the collateral."""
-    deadline = time.monotonic() + GRACE_S
-    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-        time.sleep(POLL_S)
-    ranks = range(len(procs))
-    return diagnose_exit(
-        [read_status(run_dir, r) for r in ranks],
-        [p.poll() for p in procs],
-        [read_beat(run_dir, r) for r in ranks],
-    )
-
-
-def _stop_all(ranks: list[Child]) -> list[int]:
+def _stop_all(ranks: dict[int, Child]) -> list[int]:
     """Stop every rank's process group (a rank's own children go with it); the pids whose
     group is still alive after that (none)."""
-    for rank in ranks:
+    for rank in ranks.values():
         rank.stop()
-    return [r.pid for r in ranks if r.group_alive()]
+    return [r.pid for r in ranks.values() if r.group_alive()]
 
 
 def _tail(path: Path, lines: int = 20) -> str:
