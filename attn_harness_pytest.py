@@ -144,6 +144,14 @@ def pytest_configure(config: pytest.Config) -> None:
         run.resolve_backends()  # now, so an unloadable spec is a usage error before collection
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from exc
+    if run.options.shard is not None and not is_worker(config):
+        if run.replay is not None:
+            raise pytest.UsageError("--replay reruns one example: it takes no --shard")
+        if _coverage_json_path(config) is None:
+            raise pytest.UsageError(
+                "--shard needs --junitxml (or --coverage-json): the shard's files are what "
+                "attn-harness merge combines"
+            )
     if is_worker(config):
         run.workers = worker_count(config)
     elif is_controller(config):
@@ -362,10 +370,15 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    replay = session(config).replay
+    run = session(config)
+    replay = run.replay
     if replay is None:
         from harness.conformance.workers import longest_first
 
+        if run.options.shard is not None:  # the share of the whole collection, in its order
+            from harness.conformance.shard_runs import take_share
+
+            items[:] = take_share(run, items)
         order = longest_first([getattr(item, "originalname", item.name) for item in items])
         items[:] = [items[i] for i in order]
         return
@@ -386,7 +399,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Count each backend's tests: an interpreted backend's budget is shared among them."""
     run = session.config.stash[SESSION_KEY]
     counts = run.tests_per_backend
-    run.positions = {item.nodeid: i for i, item in enumerate(session.items)}
+    if run.collection is None:  # a shard numbered the whole collection already
+        run.positions = {item.nodeid: i for i, item in enumerate(session.items)}
     if _POOL_KEY not in session.config.stash and any(map(backend_entry_of, session.items)):
         from harness.conformance.draw_constants import freeze_pool
 
@@ -573,6 +587,10 @@ def _save_coverage(config: pytest.Config, run: ConformanceSession) -> None:
     """The tally as JSON next to the JUnit file (the suite's conftest also writes it into
     the JUnit report, through pytest's ``record_testsuite_property``)."""
     data = run_coverage.coverage_json(run)
+    if run.options.shard is not None:  # a shard's file always carries what the merge needs
+        from harness.conformance.shard_runs import shard_state
+
+        data = {**(data or {}), "shard": shard_state(run)}
     if data is None:
         return
     path = _coverage_json_path(config)

@@ -22,7 +22,7 @@ from harness.cli.report import add_report_command
 from harness.cli.run import add_run_command
 from harness.cli.usage import UsageError, check_machine, command_parser, resolve_backends
 from harness.conformance.plugin_names import PROFILE_NAMES
-from harness.core.arg_types import OneLineParser, at_least, device, one_of, output_file
+from harness.core.arg_types import OneLineParser, at_least, device, one_of, output_file, shard
 from harness.core.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from harness.core.text_table import aligned, fitted, terminal_width, wrapped
 
@@ -248,6 +248,7 @@ def cmd_conform(args: argparse.Namespace) -> int:
         replay=args.replay,
         user_plugins=args.user_plugins,
         workers=args.workers if args.workers is not None else usable_cpus(),
+        shard=None if args.shard is None else str(args.shard),
     )
 
 
@@ -325,6 +326,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="processes that share the tests (pytest-xdist): verdicts, coverage and the replay "
         "commands are the same for any N; 1 runs them all in this process (default: one per "
         "CPU this process may use; a --replay runs in one)",
+    )
+    p_conform.add_argument(
+        "--shard",
+        type=shard,
+        default=None,
+        metavar="K/N",
+        help="run shard K of N: a fixed, balanced share of the tests, the same on every "
+        "machine (needs --junitxml); attn-harness merge combines the N shards' files into "
+        "the whole run's verdict, coverage and JUnit file",
     )
     p_conform.add_argument(
         "--user-plugins",

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.conformance.plugin_names import PROFILE_NAMES
+from harness.core.shards import Shard
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class ConformanceOptions:
     specs: tuple[str, ...] = ()  # --backend (empty: every registered backend on the device)
     replay: str | None = None  # --replay TEST[@VERSION:BLOB]
     cli: bool = False  # run by `attn-harness conform`: replay commands name that command
+    shard: Shard | None = None  # --shard K/N: this run's share of the tests
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILE_NAMES:
@@ -49,7 +51,15 @@ class ConformanceOptions:
             specs=tuple(getattr(options, "backend", None) or ()),
             replay=getattr(options, "replay", None),
             cli=bool(getattr(options, "conformance_cli", False)),
+            shard=_shard(getattr(options, "shard", None)),
         )
+
+
+def _shard(text: str | None) -> Shard | None:
+    """``--shard K/N`` (``1/1`` is the whole run, as no shard)."""
+    if not text:
+        return None
+    return Shard.parse(text)
 
 
 def parse_replay(value: str | None) -> tuple[str, str | None, bytes | None] | None:
@@ -136,6 +146,14 @@ def add_options(group: Any) -> None:
         metavar="TEST@VERSION:BLOB",
         help="rerun exactly one failing example, as a failure report prints it (or TEST "
         "alone: rerun that one test); every other test is deselected",
+    )
+    group.addoption(
+        "--shard",
+        default=None,
+        metavar="K/N",
+        help="run shard K of N: a fixed, balanced share of the tests, the same on every "
+        "machine; the shards' --junitxml files merge (attn-harness merge) into the verdict "
+        "and coverage of the whole run, where the coverage promises are judged",
     )
     group.addoption(
         "--conformance-output",

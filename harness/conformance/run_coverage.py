@@ -18,26 +18,38 @@ if TYPE_CHECKING:
 def promised(run: ConformanceSession, entry: Any) -> list[Any]:
     """What the profile promises to reach inside ``entry``'s claim (nothing if it does not)."""
     from harness.conformance.coverage_promises import requirements
-    from harness.conformance.large_pool import large_pool_scenario, unavailable_reason
 
     profile = run.profile_for(entry)
     if not profile.enforces_coverage:
         return []
     budget = profile.budget
-    large = large_pool_scenario(entry.capabilities, run.device)
     return requirements(
         entry.capabilities,
         dp_aware=entry.accepts_dp,
         max_dp_size=budget.max_dp_size,
         max_context=budget.max_context,
         limit=budget.production,
-        large_pool=large is not None and unavailable_reason(large) is None,
+        large_pool=large_pool_fits(run, entry),
         device=run.device,
     )
 
 
+def large_pool_fits(run: ConformanceSession, entry: Any) -> bool:
+    """Whether the machine that ran ``entry``'s tests could hold its large pool (a merge of
+    shards asks what their machines said, not the machine it runs on)."""
+    from harness.conformance.large_pool import large_pool_scenario, unavailable_reason
+
+    if run.large_pools is not None and entry.name in run.large_pools:
+        return run.large_pools[entry.name]
+    large = large_pool_scenario(entry.capabilities, run.device)
+    return large is not None and unavailable_reason(large) is None
+
+
 def whole_suite_ran(run: ConformanceSession, name: str) -> bool:
-    """Every conformance module ran for this backend and nothing was deselected."""
+    """Every conformance module ran for this backend and nothing was deselected (a shard
+    ran a part: its promises are judged once the shards are merged)."""
+    if run.options.shard is not None and run.options.shard.count > 1:
+        return False
     return not run.deselected and suite_modules() <= run.modules.get(name, set())
 
 

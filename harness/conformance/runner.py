@@ -63,6 +63,7 @@ def pytest_arguments(
     user_plugins: bool = False,
     coverage_json: str | None = None,
     workers: int = 1,
+    shard: str | None = None,
 ) -> list[str]:
     from harness.conformance.workers import xdist_arguments
 
@@ -101,6 +102,8 @@ def pytest_arguments(
         args += ["--coverage-json", coverage_json]
     if replay:
         args += ["--replay", replay]
+    if shard:
+        args += ["--shard", shard]
     return args + xdist_arguments(workers) + list(extra)
 
 
@@ -260,8 +263,10 @@ def run_conformance(
     replay: str | None = None,
     user_plugins: bool = False,
     workers: int = 1,
+    shard: str | None = None,
 ) -> int:
-    """Run the suite; ``workers`` processes share its tests (a replay always runs in one)."""
+    """Run the suite; ``workers`` processes share its tests (a replay always runs in one);
+    ``shard`` (``K/N``) runs that share of them, leaving files for ``attn-harness merge``."""
     if replay:
         workers = 1
     if device == "cpu":  # before any backend module (which may import triton) is loaded
@@ -269,6 +274,10 @@ def run_conformance(
 
         interpret_triton_here()
     problem = usage_problem(specs, profile, device, workers)
+    if problem is None and shard and not junitxml:
+        problem = f"--shard {shard} needs --junitxml FILE: the shard's files are what merge reads"
+    if problem is None and shard and replay:
+        problem = "--replay reruns one example: it takes no --shard"
     if problem is None and junitxml:
         from harness.core.atomic_file import unwritable_reason
 
@@ -301,6 +310,7 @@ def run_conformance(
         user_plugins=user_plugins,
         coverage_json=coverage,
         workers=workers,
+        shard=shard,
     )
     try:
         with isolated_environment(user_plugins), fresh_suite_modules():

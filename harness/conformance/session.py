@@ -47,6 +47,9 @@ class ConformanceSession:
     positions: dict[str, int] = field(default_factory=dict)  # test id -> collection index
     examples_in_test: int = 0  # examples the running test has held (its report carries it)
     pool_note: str | None = None  # why hypothesis's constant pool could not be fixed
+    collection: dict[str, Any] | None = None  # a shard's: the whole collection's digest
+    test_verdicts: list[dict[str, Any]] = field(default_factory=list)  # a shard's, to merge
+    large_pools: dict[str, bool] | None = None  # merged shards: their machines' large-pool fit
     _profiles: dict[bool, Any] = field(default_factory=dict)
     _groups: tuple[int, list[Any]] | None = None  # (failures grouped, their groups)
 
@@ -140,7 +143,8 @@ class ConformanceSession:
         if self.cost is None:
             from harness.conformance.cost_budget import CostLedger
 
-            budget = self.profile_for(entry).cost_budget_s / self.workers
+            shards = self.options.shard.count if self.options.shard is not None else 1
+            budget = self.profile_for(entry).cost_budget_s / (self.workers * shards)
             tests = {b: math.ceil(n / self.workers) for b, n in self.tests_per_backend.items()}
             self.cost = CostLedger(budget, tests=tests)
         return self.cost
@@ -236,6 +240,8 @@ class ConformanceSession:
         from harness.conformance.report import FailureEntry
 
         self.record_outcome(verdict.backend, verdict.module, verdict.function, verdict.outcome)
+        if self.options.shard is not None:
+            self.test_verdicts.append(verdict.as_payload())
         if verdict.failure is not None:
             self.verdicts.add_failure(FailureEntry(**verdict.failure), verdict.position)
 

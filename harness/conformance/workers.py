@@ -142,11 +142,14 @@ class WorkerTallies:
     evidence: Any  # triage_evidence.TriageLog or None
     cost: Any  # cost_budget.CostLedger or None
     deselected: bool
+    collection: dict[str, Any] | None = None  # a shard's worker: the whole collection's digest
 
 
 def pack_tallies(session: Any) -> bytes:
     """The worker's tallies as bytes for ``workeroutput`` (both ends run this code)."""
-    tallies = WorkerTallies(session.coverage, session.evidence, session.cost, session.deselected)
+    tallies = WorkerTallies(
+        session.coverage, session.evidence, session.cost, session.deselected, session.collection
+    )
     return pickle.dumps(tallies)
 
 
@@ -182,3 +185,4 @@ def add_tallies(session: Any, tallies: WorkerTallies) -> None:
             session.cost = CostLedger(tallies.cost.budget_s * session.workers)
         session.cost.merge(tallies.cost)
     session.deselected = session.deselected or tallies.deselected
+    session.collection = session.collection or tallies.collection
