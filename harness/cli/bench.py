@@ -6,6 +6,12 @@ written) is checked before anything runs, and answered with exit code 2
 and one line, never a traceback. Exit 1 means some case failed (or nothing
 passed), 0 that every case passed or was unsupported.
 
+``--shard K/N`` runs one share of the sweep (``harness.bench.sweep_plan``) and
+writes a shard's file, which ``harness.results.merge`` combines with the
+others. A shard dealt no cases (N above the sweep's case count) still writes
+its (empty) file, so the merge sees every shard ran, says so on one line and
+exits 0: it is a result, not a failure.
+
 ``add_bench_command(subparsers)`` registers the subcommand on the main
 parser; ``main(argv)`` runs it standalone (``python -m harness.cli.bench``).
 """
@@ -29,7 +35,14 @@ from harness.cli.usage import (
     workloads,
     writable,
 )
-from harness.core.arg_types import OneLineParser, device, output_file, positive_float, positive_int
+from harness.core.arg_types import (
+    OneLineParser,
+    device,
+    output_file,
+    positive_float,
+    positive_int,
+    shard,
+)
 from harness.core.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from harness.core.text_table import aligned
 from harness.processes.progress_file import report_progress
@@ -173,6 +186,15 @@ def add_bench_command(subparsers: Any) -> None:
         f"TIMEOUT (default: {DEFAULT_TIMEOUT_S:g})",
     )
     p.add_argument(
+        "--shard",
+        type=shard,
+        default=None,
+        metavar="K/N",
+        help="run only shard K of N of the cases (each case whole, with its peer and every "
+        "backend; dealt by estimated cost, the same on every machine) and mark --out as that "
+        "shard's file, for 'attn-harness merge' (default: every case)",
+    )
+    p.add_argument(
         "--no-probe",
         action="store_true",
         help="skip measuring the device ceilings; use datasheet figures only (default: probe)",
@@ -289,6 +311,7 @@ def _config(args: argparse.Namespace) -> BenchConfig:
         timing=timing,
         case_timeout_s=args.timeout,
         probe_ceilings=not args.no_probe,
+        shard=args.shard,
     )
 
 
@@ -327,7 +350,7 @@ class KeptCases:
 
 def cmd_bench(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     # torch and everything that runs a benchmark load here, not when the parser is built
-    from harness.bench import run_results
+    from harness.bench import run_results, sweep_plan
     from harness.bench import runner as bench
     from harness.bench.workloads import list_workloads
 
@@ -336,6 +359,10 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str] | None = None) -> in
     if args.list_workloads:
         print(render_workloads(list_workloads()))
         return EXIT_OK
+    try:
+        sweep = sweep_plan.sweep_header(backends, chosen, config)
+    except ValueError as exc:
+        raise UsageError(f"--shard: {exc}") from None
     progress = Progress(enabled=not args.no_progress)
     kept = KeptCases(args.out)
     try:
@@ -349,7 +376,7 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str] | None = None) -> in
                 keep=kept,
             )
     except KeyboardInterrupt:
-        planned = len(bench.run_order(chosen, config))
+        planned = len(sweep_plan.planned(backends, chosen, config))
         print(f"\nattn-harness bench: {kept.interrupted(planned)}", file=sys.stderr)
         return 130
     except ResultsNotSaved as exc:
@@ -357,7 +384,17 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str] | None = None) -> in
         return EXIT_USAGE
     finally:
         progress.close()
+    if sweep is not None:
+        ran = len({(c.workload, c.workload_version, c.case) for c in record.cases})
+        line = f"shard {args.shard}: {ran} of the sweep's {len(sweep['cases'])} cases"
+        if not ran:  # N above the case count: nothing to time, and nothing failed
+            print(f"{line}: no cases (the others' shards hold them all)")
+            if args.out is not None:
+                print(f"results written to {args.out}")
+            return EXIT_OK
     print(render(record))
+    if sweep is not None:
+        print(line)
     if args.out is not None:
         print(f"results written to {args.out}")
     return EXIT_FAILED if run_results.failed(record) else EXIT_OK

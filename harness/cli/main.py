@@ -18,6 +18,7 @@ from harness.cli.ab import add_ab_command
 from harness.cli.bench import add_bench_command
 from harness.cli.dist import add_dist_bench_command, add_dist_command
 from harness.cli.gate import add_baseline_command, add_gate_command
+from harness.cli.merge import add_merge_command
 from harness.cli.report import add_report_command
 from harness.cli.run import add_run_command
 from harness.cli.usage import UsageError, check_machine, command_parser, resolve_backends
@@ -352,6 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_ab_command(sub)
     add_dist_command(sub)
     add_dist_bench_command(sub)
+    add_merge_command(sub)
     return parser
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from harness.cli.usage import UsageError, resolve_backends, workloads
 from harness.conformance.plugin_names import PROFILE_NAMES
-from harness.core.arg_types import at_least, device, one_of, output_dir
+from harness.core.arg_types import at_least, device, one_of, output_dir, shard
 from harness.core.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 
 DEFAULT_OUT = "reports/run"
@@ -64,6 +64,15 @@ def add_run_command(subparsers: Any) -> None:
         help="benchmark workload (repeatable; default: bench's defaults)",
     )
     p.add_argument("--no-bench", action="store_true", help="conformance and the report only")
+    p.add_argument(
+        "--shard",
+        type=shard,
+        default=None,
+        metavar="K/N",
+        help="run shard K of N: that share of every backend's conformance tests and of the "
+        "benchmark cases, the same on every machine; attn-harness merge --out DIR combines "
+        "the N shards' --out folders into the whole run's files and report",
+    )
     p.set_defaults(func=cmd_run)
 
 
@@ -106,6 +115,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     workloads(args.workload)
     entries, left_out = _backends(args.backend, args.device)
     say = printer(sys.stdout)
+    shard_text = None if args.shard is None else str(args.shard)
     out = Path(args.out)
     conformance_dir = out / "conformance"
     try:
@@ -130,6 +140,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         + (f", {per_job} workers each" if per_job > 1 else "")
         + "), then "
         + ("the report" if args.no_bench else "the benchmark workloads, then the report")
+        + (f"; shard {shard_text} of each" if shard_text else "")
     )
     for name in left_out:
         say(f"{name} left out: registered, but claims no {args.device!r} device here")
@@ -143,6 +154,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             device=args.device,
             say=say,
             workers_per_job=per_job,
+            shard=shard_text,
         )
         if not args.no_bench:
             say("bench: the default workloads, every backend and the no-paging peer")
@@ -153,6 +165,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 out / "bench.log",
                 args.device,
                 say,
+                shard=shard_text,
             )
             say(f"bench: {_bench_verdict(out / 'bench.log', bench_code)}")
     except KeyboardInterrupt:
@@ -163,7 +176,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     inputs = [str(j.junit) for j in jobs if j.junit.exists()]
     if bench_json.exists() and not args.no_bench:
         inputs.append(str(bench_json))
-    index = _report(inputs, out / "report", say)
+    index = report_into(inputs, out / "report", say)
     failed = [j.backend for j in jobs if j.code != 0]
     say(
         closing_verdict(
@@ -181,7 +194,8 @@ def _bench_verdict(log: Path, code: int) -> str:
     return bench_summary(log.with_name("bench.json"), log, code)
 
 
-def _report(inputs: list[str], out: Path, say: Any) -> Path | None:
+def report_into(inputs: list[str], out: Path, say: Any) -> Path | None:
+    """The report of ``inputs`` (JUnit and results files) in ``out``; ``None`` if it failed."""
     from harness.report import ReportError, build_report
 
     if not inputs:

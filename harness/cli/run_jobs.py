@@ -212,9 +212,11 @@ def run_conformance_jobs(
     device: str,
     say: Callable[[str], None],
     workers_per_job: int = 1,
+    shard: str | None = None,
 ) -> None:
     """Run ``jobs`` at most ``workers`` at a time, saying each verdict as it arrives; each
-    job spreads its tests over ``workers_per_job`` processes (``conform --workers``)."""
+    job spreads its tests over ``workers_per_job`` processes (``conform --workers``) and
+    runs only ``shard``'s share of them (``K/N``) when given."""
     waiting = list(jobs)
     running: list[ConformanceJob] = []
     last_beat = time.monotonic()
@@ -238,6 +240,7 @@ def run_conformance_jobs(
                         str(job.junit),
                         "--workers",
                         str(workers_per_job),
+                        *(["--shard", shard] if shard else []),
                     ),
                     stdout=handle,
                     stderr=subprocess.STDOUT,
@@ -282,8 +285,10 @@ def run_bench(
     log: Path,
     device: str,
     say: Callable[[str], None],
+    shard: str | None = None,
 ) -> int:
-    """The benchmark workloads as ``attn-harness bench`` runs them; its output goes to ``log``.
+    """The benchmark workloads as ``attn-harness bench`` runs them (``shard``'s share of the
+    cases, when given); its output goes to ``log``.
 
     Its table, its progress and any backend's prints land in ``log``; the
     heartbeat reads the case count from the bench's progress file. A results file left by an
@@ -298,6 +303,8 @@ def run_bench(
         args += ["--backend", name]
     for name in workloads:
         args += ["--workload", name]
+    if shard:
+        args += ["--shard", shard]
     out.unlink(missing_ok=True)
     started = last_beat = time.monotonic()
     with log.open("wb") as handle, tempfile.TemporaryDirectory(prefix="attn-harness-run-") as tmp:
