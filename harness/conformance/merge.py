@@ -78,7 +78,7 @@ def merged_junit(suites: Sequence[ET.Element], properties: list[tuple[str, str]]
     props = ET.SubElement(suite, "properties")
     kept: set[tuple[str, str]] = set()
     for shard in suites:  # a shard's own properties, but not its partial tallies
-        for prop in shard.iter("property"):
+        for prop in shard.findall("properties/property"):
             pair = (prop.get("name", ""), prop.get("value", ""))
             if not pair[0].startswith(tallied) and pair not in kept:
                 kept.add(pair)
