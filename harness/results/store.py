@@ -208,6 +208,8 @@ class RunRecord:
     source: dict[str, Any] | None = None
     partial: bool = False  # the run stopped (or has not yet reached) its last case
     flags: list[str] = field(default_factory=list)  # the run's own warnings (cases have theirs)
+    shard: dict[str, Any] | None = None  # a shard's place in its sweep (``bench --shard``)
+    merged_from: list[dict[str, Any]] | None = None  # each shard's header (``results.merge``)
 
     def case(self, case_id: str) -> CaseRecord:
         for record in self.cases:
@@ -233,6 +235,10 @@ class RunRecord:
             data["partial"] = True
         if self.flags:
             data["flags"] = list(self.flags)
+        if self.shard is not None:  # like partial: absent from a whole run's file
+            data["shard"] = self.shard
+        if self.merged_from is not None:
+            data["merged_from"] = self.merged_from
         return data
 
     @classmethod
@@ -248,6 +254,8 @@ class RunRecord:
             source=data.get("source"),
             partial=bool(data.get("partial", False)),
             flags=list(data.get("flags", [])),
+            shard=data.get("shard"),
+            merged_from=data.get("merged_from"),
         )
 
 
