@@ -712,8 +712,8 @@ def test_bench_cli_builds_its_parser_without_torch():
     assert done.stdout.strip() == (
         "['harness', 'harness.bench', 'harness.bench.table', 'harness.cli', "
         "'harness.cli.bench', 'harness.cli.usage', 'harness.core', 'harness.core.arg_types', "
-        "'harness.core.atomic_file', 'harness.core.exit_codes', 'harness.core.text_table', "
-        "'harness.processes', 'harness.processes.progress_file']"
+        "'harness.core.atomic_file', 'harness.core.exit_codes', 'harness.core.shards', "
+        "'harness.core.text_table', 'harness.processes', 'harness.processes.progress_file']"
     )
 
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import datetime
 import gc
-import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -68,6 +67,8 @@ from harness.bench.environment import fingerprint
 from harness.bench.peer import PEER_CLASS, PEER_NAME, ContiguousPeer
 from harness.bench.run_results import case_metrics, finish_run, noisy_against
 from harness.bench.sdpa_pin import first_kernel_that_runs, says_no_kernel
+from harness.bench.sweep_plan import planned, serving, sweep_header
+from harness.bench.sweep_plan import run_order as run_order  # where callers look for it
 from harness.bench.timed_checks import (
     CallTarget,
     PeerTarget,
@@ -90,6 +91,7 @@ from harness.bench.workloads import CaseSpec, Workload
 from harness.core.deadlines import CaseTimeout, deadline
 from harness.core.dtypes import dtype_name
 from harness.core.registry import BackendEntry, class_label
+from harness.core.shards import Shard
 from harness.core.threads import fixed_threads, timing_threads
 from harness.results.reliability import UNRELIABLE
 from harness.results.store import CaseRecord, RunRecord, TimingRecord
@@ -118,6 +120,7 @@ class BenchConfig:
     pin_sdpa: bool | None = None  # pin the peer's and sdpa's SDPA kernel; None: on CUDA only
     interleave: bool = False  # the workloads' cases taken in turn (``run_order``)
     last_start_s: float | None = None  # no case starts later than this after the run began
+    shard: Shard | None = None  # run only this shard's cases (``sweep_plan.planned``)
 
     @property
     def pins_sdpa(self) -> bool:
@@ -414,37 +417,8 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
-def in_dtype(spec: CaseSpec, dtype: str | None) -> CaseSpec:
-    """``spec`` in ``dtype``; a case so changed carries the dtype in its name (``ctx=512
-    [bfloat16]``), so its records never pair with the case's own in a gate or report."""
-    if dtype is None or dtype == spec.dtype:
-        return spec
-    return replace(spec, dtype=dtype, name=f"{spec.name} [{dtype}]")
-
-
 KeepFn = Callable[[RunRecord], None]
 """Given the run's record after every case (``partial`` until the last), e.g. to save it."""
-
-
-def run_order(
-    workloads: Sequence[Workload], config: BenchConfig
-) -> list[tuple[int, Workload, CaseSpec]]:
-    """Every case of ``workloads`` in ``config.dtype``, with its place in workload order,
-    in the order they run: with ``config.interleave`` the workloads' cases are taken
-    in turn, so a run cut short holds some of each (its record keeps workload order)."""
-    size = config.workload_size
-    columns: list[list[tuple[int, Workload, CaseSpec]]] = []
-    place = 0
-    for workload in workloads:
-        specs = workload.cases(size)
-        columns.append(
-            [(place + i, workload, in_dtype(spec, config.dtype)) for i, spec in enumerate(specs)]
-        )
-        place += len(specs)
-    if not config.interleave:
-        return [case for column in columns for case in column]
-    rows = itertools.zip_longest(*columns)
-    return [case for row in rows for case in row if case is not None]
 
 
 def run_benchmarks(
@@ -462,9 +436,13 @@ def run_benchmarks(
     last, so a run stopped at any point (Ctrl-C, a time limit) leaves every case
     it finished; the last call gets the finished record. No case starts past
     ``config.last_start_s``; a run so cut short is returned ``partial``, with a flag.
+    With ``config.shard`` only that shard's cases run (``harness.bench.sweep_plan``),
+    and its record says which sweep it is a shard of; ``keep`` gets even a shard
+    with no cases (its file proves to a merge that the shard ran).
     """
     config = config or BenchConfig()
-    plan = run_order(workloads, config)
+    plan = planned(backends, workloads, config)
+    sweep = sweep_header(backends, workloads, config)
     dtypes = tuple(dict.fromkeys(spec.torch_dtype for _, _, spec in plan)) or (torch.float32,)
     _, threads_source = timing_threads(config.threads)
     done: dict[int, list[CaseRecord]] = {}  # by the case's place in workload order
@@ -476,7 +454,8 @@ def run_benchmarks(
         environment = fingerprint(config.device, threads=threads)
         overhead = timer_overhead(config.device)
         started = time.monotonic()
-        ceilings = run_ceilings(config.device, dtypes=dtypes, measure_probe=config.probe_ceilings)
+        probed = config.probe_ceilings and bool(plan)
+        ceilings = run_ceilings(config.device, dtypes=dtypes, measure_probe=probed)
         flusher = CacheFlusher(config.device) if config.timing.cold_cache else None
         runner = _Runner(
             config,
@@ -486,7 +465,7 @@ def run_benchmarks(
             total=sum(len(serving(backends, w)) + 1 for _, w, _ in plan),
         )
         runner.started, runner.dtypes = started, dtypes
-        header = RunHeader(config, environment, threads, threads_source, overhead, flusher)
+        header = RunHeader(config, environment, threads, threads_source, overhead, flusher, sweep)
 
         def record(cases: list[CaseRecord], partial: bool) -> RunRecord:
             return header.record(workloads, command, runner.ceilings, cases, runner.flags, partial)
@@ -507,15 +486,9 @@ def run_benchmarks(
         cases = in_order()
         finish_run(cases, runner.ceilings, runner.flags, 2 * last_level_cache_bytes(config.device))
     final = record(cases, partial=not finished)
-    if keep is not None and cases:
+    if keep is not None and (cases or sweep is not None):
         keep(final)
     return final
-
-
-def serving(backends: Sequence[BackendEntry], workload: Workload) -> list[BackendEntry]:
-    """The backends of the attention ``workload`` times (MHA or MLA): another kind's are
-    not asked, not even to say UNSUPPORTED."""
-    return [b for b in backends if b.capabilities.kind == workload.attention]
 
 
 def _past(limit_s: float | None, started: float) -> bool:
@@ -532,6 +505,7 @@ class RunHeader:
     threads_source: str
     overhead: Measurement  # the timer's own cost per sample
     flusher: CacheFlusher | None
+    shard: dict[str, Any] | None = None  # ``sweep_plan.sweep_header``: a shard's sweep
 
     def record(
         self,
@@ -578,4 +552,5 @@ class RunHeader:
             cases=list(cases),
             partial=partial,
             flags=list(flags),
+            shard=self.shard,
         )
