@@ -50,7 +50,8 @@ class Baseline:
 def make_baseline(
     runs: Sequence[RunRecord], *, command: Sequence[str] = (), min_runs: int = MIN_BASELINE_RUNS
 ) -> Baseline:
-    """Pool ``runs`` into a baseline; refuses too few runs or runs of different classes."""
+    """Pool ``runs`` into a baseline; refuses too few runs, partial runs or shards (each
+    lacks cases), or runs of different classes."""
     if len(runs) < min_runs:
         raise BaselineError(
             f"a baseline pools at least {min_runs} runs (got {len(runs)}): one run cannot "
@@ -61,6 +62,16 @@ def make_baseline(
         raise BaselineError(
             f"run(s) {partial} are marked partial (cut short before their last case): "
             "a baseline pools finished runs only"
+        )
+    shards = [
+        f"{i + 1} (shard {r.shard.get('index')}/{r.shard.get('count')})"
+        for i, r in enumerate(runs)
+        if r.shard
+    ]
+    if shards:
+        raise BaselineError(
+            f"run(s) {', '.join(shards)} hold one shard of a sweep each: merge the shards "
+            "first (attn-harness merge), a baseline pools whole runs only"
         )
     classes = sorted({device_class(r.environment) for r in runs})
     if len(classes) > 1:
