@@ -79,9 +79,13 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 def _merge_conformance(paths: Sequence[Path], out: Path) -> int:
     from harness.conformance.merge import merge_conformance
+    from harness.core.text_table import terminal_width, wrapped
 
     merged = merge_conformance(paths, out)
-    print("\n".join(merged.lines))
+    for line in merged.lines:  # as conform prints them: its own sentences fitted to the width
+        print(
+            "\n".join(wrapped(line, terminal_width())) if line.startswith("attn-harness") else line
+        )
     print(f"merged {len(paths)} shards into {out}")
     return merged.exit_code
 
