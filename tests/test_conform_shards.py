@@ -165,3 +165,34 @@ def test_a_shard_needs_a_junit_file_to_merge(capsys: pytest.CaptureFixture[str])
     assert "--shard 1/2 needs --junitxml FILE" in capsys.readouterr().err
     assert main(["conform", "--backend", "reference", "--shard", "3/2"]) == 2
     assert "1 <= K <= N" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_run_shards_merge_into_the_whole_main_job(tmp_path: Path) -> None:
+    folders = [tmp_path / f"run-{k}" for k in (1, 2)]
+    for k, folder in enumerate(folders, start=1):
+        shard = harness(
+            "run", "--backend", "reference", "--profile", "kill", "--workload", "decode-sweep",
+            "--shard", f"{k}/2", "--out", str(folder),
+        )  # fmt: skip
+        assert shard.returncode == 0, shard.stdout + shard.stderr
+        assert f"shard {k}/2 of each" in shard.stdout
+    merged = tmp_path / "run"
+    merge = harness("merge", "--out", str(merged), *map(str, folders))
+    assert merge.returncode == 0, merge.stdout + merge.stderr
+    parts = [cases(f / "conformance" / "reference.xml") for f in folders]
+    assert cases(merged / "conformance" / "reference.xml") == parts[0] + parts[1]
+    assert not set(parts[0]) & set(parts[1])  # each test in one shard
+    coverage = json.loads((merged / "conformance" / "reference.coverage.json").read_text())
+    assert "shard" not in coverage
+    from harness.results.store import load_results
+
+    bench = load_results(merged / "bench.json")
+    shard_ids = [c.id for f in folders for c in load_results(f / "bench.json").cases]
+    assert sorted(c.id for c in bench.cases) == sorted(shard_ids)
+    assert {c.workload for c in bench.cases} == {"decode-sweep"}
+    assert (merged / "report" / "index.html").exists()
+    (folders[1] / "bench.json").unlink()
+    again = harness("merge", "--out", str(tmp_path / "again"), *map(str, folders))
+    assert again.returncode == 2
+    assert "some shards ran the benchmarks and some did not" in again.stderr
