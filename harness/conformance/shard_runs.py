@@ -1,8 +1,8 @@
 """Conformance in shards: each machine runs its share of the tests; the merge judges the whole.
 
 ``--shard K/N`` keeps shard K's share of the collected tests
-(``harness.core.shards``: weighted by the tests known to run longest, the
-same share on every machine, since every machine collects the same tests).
+(``harness.core.shards``: weighted by what each test cost in a measured run,
+the same share on every machine, since every machine collects the same tests).
 Under the derandomized ``ci`` profile each test draws the same examples in
 any process, so the shards together run exactly the unsharded run's
 examples. A shard judges no coverage promise (it saw part of the tests);
@@ -29,12 +29,31 @@ from harness.conformance.tally_json import (
     evidence_from_json,
     evidence_to_json,
 )
-from harness.conformance.workers import LONGEST_FIRST, TestVerdict
+from harness.conformance.workers import TestVerdict
 from harness.core.shards import Shard, check_complete
 
 STATE_VERSION = 1
-LONG_TEST_WEIGHT = 8.0
-"""A ``LONGEST_FIRST`` test weighs this many ordinary ones when the tests are dealt."""
+TEST_SECONDS = {
+    "test_each_rank_keeps_to_its_pages": 44.2,
+    "test_pairwise_steps_match_oracle": 9.4,
+    "test_stateful_steps": 8.5,
+    "test_every_rank_matches_oracle": 7.0,
+    "test_ranks_together_equal_each_alone": 6.7,
+    "test_stale_block_table_entries_ignored": 6.6,
+    "test_physical_page_order_is_irrelevant": 5.4,
+    "test_per_rank_and_shared_layouts_agree": 5.0,
+    "test_bind_rejects_caches_without_the_ranks_pages": 4.7,
+    "test_second_run_is_bit_identical": 4.1,
+    "test_only_mapped_slots_change": 3.8,
+    "test_out_buffer_is_the_result": 2.2,
+    "test_production_shapes_match_oracle": 1.8,
+    "test_foreign_pages_rejected": 1.5,
+    "test_instances_interleaved_match_oracle": 1.4,
+}
+"""What one test (each parametrization) cost under the ``ci`` profile: ``sdpa`` on an AMD EPYC
+Zen 4, one process. Only the proportions matter: backends differ in speed, rarely in which
+tests are long. A test not named costs ``OTHER_TEST_SECONDS``."""
+OTHER_TEST_SECONDS = 0.5
 OPTION_FIELDS = ("profile", "device", "time_limit", "examples", "interpreted_budget", "max_shrinks")
 """The options every shard of one run must share (their examples depend on them)."""
 
@@ -45,8 +64,8 @@ def collection_digest(nodeids: Sequence[str]) -> dict[str, Any]:
     return {"tests": len(nodeids), "sha256": digest}
 
 
-def test_weight(name: str) -> float:
-    return LONG_TEST_WEIGHT if name in LONGEST_FIRST else 1.0
+def expected_seconds(name: str) -> float:
+    return TEST_SECONDS.get(name, OTHER_TEST_SECONDS)
 
 
 def take_share(run: ConformanceSession, items: list[Any]) -> list[Any]:
@@ -56,7 +75,7 @@ def take_share(run: ConformanceSession, items: list[Any]) -> list[Any]:
     assert shard is not None
     run.positions = {item.nodeid: i for i, item in enumerate(items)}
     run.collection = collection_digest([item.nodeid for item in items])
-    weights = [test_weight(getattr(item, "originalname", item.name)) for item in items]
+    weights = [expected_seconds(getattr(item, "originalname", item.name)) for item in items]
     return [items[i] for i in shard.select(weights)]
 
 
