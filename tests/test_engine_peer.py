@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from harness.bench.engine_peer import ENGINE_PEERS, add_engine_ratios, engine_in
-from harness.bench.runner import in_dtype
+from harness.bench.sweep_plan import in_dtype
 from harness.bench.table import render
 from harness.bench.workloads import CaseSpec
 from tests.test_bench_table import record_of, run_of, table_lines, timing
