@@ -210,24 +210,35 @@ def test_the_merged_shards_are_the_whole_run(sweep: Sweep, tmp_path: Path) -> No
     assert merge_results(shards[::-1]).cases == merge_results(shards).cases  # any order
 
 
-def gate(candidate: Path, baseline: Path, junit: Path) -> tuple[int, dict[str, bool]]:
-    """The gate's exit code, and per JUnit test case whether it failed. A threshold of
-    900%: two runs of microsecond cases differ by chance, their statuses do not."""
+def gate(candidate: Path, baseline: Path, junit: Path) -> tuple[int, dict[str, str]]:
+    """The gate's exit code, and per case of its JUnit report what decided it: a failing
+    status (``FAIL status``), a timing compared (``compared``: the verdict of two runs'
+    microsecond timings is chance; a 90x stall of a peer was seen), or why it was not
+    compared (``MISSING``, ``NEW``, ``UNCOMPARED``, ...)."""
     argv = ["gate", str(candidate), "--baseline", str(baseline), "--threshold", "9"]
     code = main([*argv, "--junitxml", str(junit)])
-    cases = ET.parse(junit).getroot().iter("testcase")
-    return code, {
-        f"{c.get('classname')} {c.get('name')}": c.find("failure") is not None for c in cases
-    }
+    decided = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        verdict = case.find("properties/property[@name='verdict']")
+        failure = case.find("failure")
+        kind = "" if verdict is None else verdict.get("value", "")
+        if failure is not None and failure.get("message", "").startswith("status"):
+            kind = "FAIL status"
+        elif kind in ("PASS", "FAIL", "IMPROVED", "INCONCLUSIVE"):
+            kind = "compared"
+        decided[f"{case.get('classname')} {case.get('name')}"] = kind
+    return code, decided
 
 
 def test_the_gate_judges_the_merged_file_as_the_whole_run(sweep: Sweep, tmp_path: Path) -> None:
     merged = save_results(merge_result_files(list(sweep.shards)), tmp_path / "merged.json")
     whole = gate(sweep.whole, sweep.whole, tmp_path / "whole.xml")
     assert whole[0] == 1  # the wrong backend's status fails it
-    assert any(whole[1].values())
-    assert not all(whole[1].values())
-    assert gate(merged, sweep.whole, tmp_path / "merged.xml") == whole
+    kinds = sorted(set(whole[1].values()))
+    assert kinds == ["FAIL status", "UNCOMPARED", "compared"], whole  # the peer: UNCOMPARED
+    assert gate(merged, merged, tmp_path / "itself.xml") == whole
+    assert gate(merged, sweep.whole, tmp_path / "merged.xml") == whole  # no MISSING, no NEW
+    assert gate(sweep.whole, merged, tmp_path / "reverse.xml") == whole
 
 
 def test_a_shard_dealt_no_case_writes_its_file_and_exits_0(tmp_path: Path) -> None:
