@@ -26,9 +26,7 @@ class Shard:
 
     def __post_init__(self) -> None:
         if self.count < 1 or not 1 <= self.index <= self.count:
-            raise ValueError(
-                f"shard {self.index}/{self.count}: K/N needs N >= 1 and 1 <= K <= N"
-            )
+            raise ValueError(f"shard {self.index}/{self.count}: K/N needs N >= 1 and 1 <= K <= N")
 
     @classmethod
     def parse(cls, text: str) -> Shard:
