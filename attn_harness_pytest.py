@@ -145,13 +145,11 @@ def pytest_configure(config: pytest.Config) -> None:
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from exc
     if run.options.shard is not None and not is_worker(config):
-        if run.replay is not None:
-            raise pytest.UsageError("--replay reruns one example: it takes no --shard")
-        if _coverage_json_path(config) is None:
-            raise pytest.UsageError(
-                "--shard needs --junitxml (or --coverage-json): the shard's files are what "
-                "attn-harness merge combines"
-            )
+        from harness.conformance.shard_runs import shard_problem
+
+        problem = shard_problem(run, _coverage_json_path(config) is not None)
+        if problem is not None:
+            raise pytest.UsageError(problem)
     if is_worker(config):
         run.workers = worker_count(config)
     elif is_controller(config):

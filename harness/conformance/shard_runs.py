@@ -68,6 +68,18 @@ def expected_seconds(name: str) -> float:
     return TEST_SECONDS.get(name, OTHER_TEST_SECONDS)
 
 
+def shard_problem(run: ConformanceSession, writes_coverage: bool) -> str | None:
+    """Why this run cannot be a shard: a replay, or no file to leave for the merge."""
+    if run.replay is not None:
+        return "--replay reruns one example: it takes no --shard"
+    if not writes_coverage:
+        return (
+            "--shard needs --junitxml (or --coverage-json): the shard's files are what "
+            "attn-harness merge combines"
+        )
+    return None
+
+
 def take_share(run: ConformanceSession, items: list[Any]) -> list[Any]:
     """Shard's items of the whole collection ``items`` (in their order); records positions
     and the collection's digest first, so both describe the unsharded run."""
