@@ -96,7 +96,7 @@ def test_tallies_travel_as_bytes_and_nothing_else_is_accepted():
     log.record("b", "t", [_scenario(3)])
 
     class Run:
-        coverage, evidence, cost, deselected = log, None, None, True
+        coverage, evidence, cost, deselected, collection = log, None, None, True, None
 
     back = unpack_tallies(pack_tallies(Run()))
     assert isinstance(back, WorkerTallies)
