@@ -163,7 +163,8 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
         problem = unwritable_reason(args.json)
         if problem is not None:
             return f"--json {args.json}: {problem}"
-    return group_problem(args.dist_backend, args.device, args.dp_size) or _claim_problem(args)
+    ranks_here = len(node_plan(args).ranks(args.dp_size))
+    return group_problem(args.dist_backend, args.device, ranks_here) or _claim_problem(args)
 
 
 def _claim_problem(args: argparse.Namespace) -> str | None:

@@ -19,41 +19,56 @@ GROUP_PREFIX = "group/"
 """The ranks' keys in the launcher's store (the launchers keep theirs under ``launch/``)."""
 
 
-def dist_backend(choice: str, device: str, dp_size: int) -> str:
-    """NCCL where every rank has a GPU of its own, gloo otherwise."""
+def dist_backend(choice: str, device: str, ranks_here: int) -> str:
+    """NCCL where every rank of this host (``ranks_here``) has a GPU of its own, gloo
+    otherwise. Across hosts every host must choose alike: hosts with fewer GPUs than
+    ranks name ``--dist-backend``."""
     if choice != "auto":
         return choice
-    return "nccl" if device == "cuda" and _gpus() >= dp_size else "gloo"
+    return "nccl" if device == "cuda" and _gpus() >= ranks_here else "gloo"
+
+
+def ranks_on_this_host(dp_size: int) -> int:
+    """``LOCAL_WORLD_SIZE``, as the launcher and torchrun set it; else every rank is here."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", dp_size))
+
+
+def local_index(rank: int) -> int:
+    """``LOCAL_RANK``: this rank's place among its host's ranks (which GPU it takes)."""
+    return int(os.environ.get("LOCAL_RANK", rank))
 
 
 def _gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def group_problem(choice: str, device: str, dp_size: int) -> str | None:
-    """Why the group cannot be formed as asked (checked before any rank starts), or None."""
+def group_problem(choice: str, device: str, ranks_here: int) -> str | None:
+    """Why this host's ranks cannot join as asked (checked before any starts), or None."""
     if device.startswith("cuda") and _gpus() == 0:
         return f"--device {device}: no CUDA device is visible"
-    if dist_backend(choice, device, dp_size) == "nccl":
+    if dist_backend(choice, device, ranks_here) == "nccl":
         if device != "cuda":
             return f"NCCL needs --device cuda (one GPU per rank), not {device!r}"
-        if _gpus() < dp_size:
-            return f"NCCL needs a GPU per rank: {_gpus()} visible for dp_size {dp_size}"
+        if _gpus() < ranks_here:
+            return (
+                f"NCCL needs a GPU per rank: {_gpus()} visible for this host's {ranks_here} ranks"
+            )
     return None
 
 
-def rank_device(device: str, rank: int) -> str:
-    """``cuda`` spreads ranks over the visible GPUs; ``cuda:N`` or ``cpu`` is taken as given."""
+def rank_device(device: str, index: int) -> str:
+    """``cuda`` spreads a host's ranks (by ``local_index``) over its visible GPUs; ``cuda:N``
+    or ``cpu`` is taken as given."""
     if device == "cuda" and _gpus() > 1:
-        return f"cuda:{rank % _gpus()}"
+        return f"cuda:{index % _gpus()}"
     return device
 
 
 def join_group(choice: str, device: str, rank: int, dp_size: int, timeout: float) -> None:
     """``init_process_group`` through the launchers' store, or torchrun's ``env://``."""
-    backend = dist_backend(choice, device, dp_size)
+    backend = dist_backend(choice, device, ranks_on_this_host(dp_size))
     if backend == "nccl":  # object collectives run on the current device
-        torch.cuda.set_device(rank % _gpus())
+        torch.cuda.set_device(local_index(rank) % _gpus())
     patience = datetime.timedelta(seconds=timeout)
     init = os.environ.get(INIT_ENV, "env://")
     if not init.startswith("store://"):

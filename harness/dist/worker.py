@@ -29,7 +29,7 @@ from harness.dist.claims import claim_problems, fit_claim
 from harness.dist.coordination import CountReport, group_counts, pad_step
 from harness.dist.failures import SetupFailed, StepCheckFailed, UsageProblem, fail_rank
 from harness.dist.faults import Fault, corrupt, strike
-from harness.dist.group import die_with_parent, join_group, rank_device
+from harness.dist.group import die_with_parent, join_group, local_index, rank_device
 from harness.dist.progress import Heartbeat, write_summary
 from harness.dist.schedule import DistSetup, RankSchedule, rank_caches
 
@@ -96,7 +96,7 @@ class RankLoop:
             steps=args.steps,
             seed=args.seed,
             dtype=args.dtype,
-            device=rank_device(args.device, rank),
+            device=rank_device(args.device, local_index(rank)),
             graph=args.graph,
         )
         self.setup = s = fit_claim(setup, entry.capabilities)
