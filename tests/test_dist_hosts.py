@@ -229,3 +229,21 @@ def test_bad_host_options_are_refused_before_any_rank_starts(
     err = capsys.readouterr().err
     assert message in err
     assert "Traceback" not in err
+
+
+def test_a_host_chooses_nccl_and_gpus_by_its_own_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.dist import group
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setattr(group, "_gpus", lambda: 8)
+    assert group.ranks_on_this_host(16) == 8  # dp 16 over two hosts of 8 GPUs
+    assert group.local_index(11) == 3
+    assert group.dist_backend("auto", "cuda", 8) == "nccl"
+    assert group.dist_backend("auto", "cuda", 9) == "gloo"
+    assert group.rank_device("cuda", group.local_index(11)) == "cuda:3"
+    problem = group.group_problem("nccl", "cuda", 9)
+    assert problem is not None
+    assert "8 visible for this host's 9 ranks" in problem
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert group.ranks_on_this_host(4) == 4  # one host: every rank is here
