@@ -79,7 +79,8 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 def _merge_conformance(paths: Sequence[Path], out: Path) -> int:
     from harness.conformance.merge import merge_conformance
-    from harness.core.text_table import terminal_width, wrapped
+    from harness.conformance.report import terminal_width
+    from harness.core.text_table import wrapped
 
     merged = merge_conformance(paths, out)
     for line in merged.lines:  # as conform prints them: its own sentences fitted to the width
