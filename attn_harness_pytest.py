@@ -145,9 +145,9 @@ def pytest_configure(config: pytest.Config) -> None:
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from exc
     if run.options.shard is not None and not is_worker(config):
-        from harness.conformance.shard_runs import shard_problem
+        from harness.conformance.shard_runs import start_shard
 
-        problem = shard_problem(run, _coverage_json_path(config) is not None)
+        problem = start_shard(run, config, _coverage_json_path(config) is not None)
         if problem is not None:
             raise pytest.UsageError(problem)
     if is_worker(config):

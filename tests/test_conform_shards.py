@@ -32,6 +32,7 @@ from harness.conformance.triage_evidence import TestEvidence as Evidence
 from harness.conformance.triage_evidence import TriageLog
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "tests" / "data" / "gate" / "bench-small.json"
 FIXTURES = "tests/fixtures/conform_backends.py"
 QUICK = "constructor or bind_rejects or foreign_slot"
 """Quick properties of every kind (rejections, a drawn property) for runs of a few seconds."""
@@ -141,13 +142,16 @@ def test_files_that_are_not_every_shard_of_one_run_are_refused(
     _, one = conform(tmp_path, "one", "reference", *extra, shard="1/2")
     _, two = conform(tmp_path, "two", "reference", *extra, shard="2/2")
     _, other = conform(tmp_path, "other", "reference", *extra, "--examples", "3", shard="2/2")
+    _, fewer = conform(tmp_path, "fewer", "reference", "-k", "constructor", shard="2/2")
     _, whole = conform(tmp_path, "whole", "reference", *extra)
     capsys.readouterr()
     out = str(tmp_path / "m.xml")
     for shards, message in [
-        ([one], "conformance shard 2/2 missing: a merge needs all 2"),
+        ([one], "conformance shard 2/2 missing: a merge needs all 2 (given: "),
         ([one, one, two], "given more than once"),
-        ([one, other], "shards of different runs: their options differ"),
+        ([one, other], "shards of different runs: their options differ (examples 3 against None)"),
+        ([one, fewer], "their test selections (-k, -m) differ"),
+        ([one, RESULTS], "the shards mix kinds: "),
         ([one, whole], "not a shard (run with conform --shard K/N)"),
     ]:
         assert main(["merge", "--out", out, *map(str, shards)]) == 2

@@ -247,3 +247,23 @@ def test_a_host_chooses_nccl_and_gpus_by_its_own_ranks(monkeypatch: pytest.Monke
     assert "8 visible for this host's 9 ranks" in problem
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     assert group.ranks_on_this_host(4) == 4  # one host: every rank is here
+
+
+def test_a_host_without_node_0_gives_up_naming_the_address() -> None:
+    from harness.dist.rendezvous import RendezvousError, _wait_for_node_0
+
+    port = free_port()  # nothing listens there
+    started = time.monotonic()
+    with pytest.raises(RendezvousError, match=f"node 0's rendezvous at 127.0.0.1:{port} did not"):
+        _wait_for_node_0("127.0.0.1", port, 1.0)
+    assert time.monotonic() - started < 10
+
+
+@pytest.mark.integration
+def test_ctrl_c_stops_a_host_waiting_for_node_0_at_once(tmp_path: Path) -> None:
+    node1 = start_node(tmp_path, 1, free_port())
+    time.sleep(5)  # torch imported, waiting for node 0
+    node1.send_signal(signal.SIGINT)
+    out, _ = node1.communicate(timeout=30)
+    assert node1.returncode == 130, out
+    assert "interrupted (SIGINT)" in out

@@ -228,7 +228,7 @@ def cmd_dist(args: argparse.Namespace) -> int:
                 worker_args(args), args.dp_size, Path(run_dir), timeout=args.timeout, plan=plan
             )
     except (KeyboardInterrupt, Terminated) as exc:
-        print(f"dist: interrupted ({exc or 'SIGINT'}); every rank on this host was killed")
+        print(f"dist: interrupted ({str(exc) or 'SIGINT'}); every rank on this host was killed")
         return EXIT_INTERRUPTED
     except RendezvousError as exc:
         return _error("dist", str(exc))

@@ -43,17 +43,19 @@ def add_merge_command(subparsers: Any) -> None:
     p.set_defaults(func=cmd_merge)
 
 
+def _kind_of(path: Path) -> str:
+    if path.is_dir():
+        return "run"
+    return "conformance" if path.suffix.lower() == ".xml" else "results"
+
+
 def _kind(paths: Sequence[Path]) -> str:
     """``conformance``, ``results`` or ``run``: one kind for every input."""
-    kinds = {
-        "run" if p.is_dir() else "conformance" if p.suffix.lower() == ".xml" else "results"
-        for p in paths
-    }
+    kinds = {_kind_of(p) for p in paths}
     if len(kinds) > 1:
-        raise UsageError(
-            "the shards mix kinds (JUnit files, results files, run folders): merge one sweep "
-            "at a time"
-        )
+        words = {"run": "a run folder", "conformance": "a JUnit file", "results": "a results file"}
+        shown = ", ".join(f"{p} ({words[_kind_of(p)]})" for p in paths)
+        raise UsageError(f"the shards mix kinds: {shown}; merge one sweep at a time")
     return kinds.pop()
 
 

@@ -48,6 +48,7 @@ class ConformanceSession:
     examples_in_test: int = 0  # examples the running test has held (its report carries it)
     pool_note: str | None = None  # why hypothesis's constant pool could not be fixed
     collection: dict[str, Any] | None = None  # a shard's: the whole collection's digest
+    selection: dict[str, str] = field(default_factory=dict)  # pytest's -k and -m, as given
     test_verdicts: list[dict[str, Any]] = field(default_factory=list)  # a shard's, to merge
     large_pools: dict[str, bool] | None = None  # merged shards: their machines' large-pool fit
     _profiles: dict[bool, Any] = field(default_factory=dict)

@@ -68,8 +68,13 @@ def expected_seconds(name: str) -> float:
     return TEST_SECONDS.get(name, OTHER_TEST_SECONDS)
 
 
-def shard_problem(run: ConformanceSession, writes_coverage: bool) -> str | None:
-    """Why this run cannot be a shard: a replay, or no file to leave for the merge."""
+def start_shard(run: ConformanceSession, config: Any, writes_coverage: bool) -> str | None:
+    """Note the run's test selection (every shard of a run makes the same); why this run
+    cannot be a shard (a replay, or no file to leave for the merge), or ``None``."""
+    run.selection = {
+        "-k": config.getoption("keyword", "") or "",
+        "-m": config.getoption("markexpr", "") or "",
+    }
     if run.replay is not None:
         return "--replay reruns one example: it takes no --shard"
     if not writes_coverage:
@@ -108,6 +113,7 @@ def shard_state(run: ConformanceSession) -> dict[str, Any]:
         "not_claiming": list(run.not_claiming),
         "large_pools": {e.name: large_pool_fits(run, e) for e in entries},
         "deselected": run.deselected,
+        "selection": run.selection,
         "modules": {name: sorted(mods) for name, mods in run.modules.items()},
         "pool_note": run.pool_note,
         "verdicts": list(run.test_verdicts),
@@ -126,25 +132,36 @@ def _one_run(states: Sequence[dict[str, Any]], names: Sequence[str]) -> None:
     for state, name in zip(states, names, strict=True):
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ShardMismatch(f"{name}: not a conformance shard of this harness version")
+    shards = [Shard.from_json(s["shard"]) for s in states]
     try:
-        check_complete([Shard.from_json(s["shard"]) for s in states], "conformance shard")
+        check_complete(shards, "conformance shard")
     except ValueError as exc:
-        raise ShardMismatch(str(exc)) from None
+        given = ", ".join(f"{n} (shard {s})" for n, s in zip(names, shards, strict=True))
+        raise ShardMismatch(f"{exc} (given: {given})") from None
     first = states[0]
     for state, name in zip(states[1:], names[1:], strict=True):
         for key, what in (
             ("collection", "collected tests"),
             ("options", "options"),
+            ("selection", "test selections (-k, -m)"),
             ("backends", "backends"),
         ):
-            if state[key] != first[key]:
+            if state.get(key) != first.get(key):
                 raise ShardMismatch(
-                    f"{name} and {names[0]} are shards of different runs: their {what} differ "
-                    f"({state[key]} against {first[key]})"
+                    f"{name} and {names[0]} are shards of different runs: their {what} differ"
+                    f" ({_difference(state.get(key), first.get(key))})"
                 )
     positions = [v["position"] for s in states for v in s["verdicts"]]
     if len(positions) != len(set(positions)):
         raise ShardMismatch("two shards ran the same test: they were not split from one run")
+
+
+def _difference(theirs: Any, first: Any) -> str:
+    """What differs: the keys of two option records, else both values."""
+    if isinstance(theirs, dict) and isinstance(first, dict):
+        keys = sorted(k for k in {*theirs, *first} if theirs.get(k) != first.get(k))
+        return "; ".join(f"{k} {theirs.get(k)!r} against {first.get(k)!r}" for k in keys)
+    return f"{theirs!r} against {first!r}"
 
 
 def merged_session(states: Sequence[dict[str, Any]], names: Sequence[str]) -> ConformanceSession:

@@ -89,6 +89,8 @@ class NodeLink:
 
         self.plan, self.dp_size = plan, dp_size
         hosting = plan.node_rank == 0
+        if not hosting:
+            _wait_for_node_0(plan.host, plan.port, connect_s)
         try:
             self.store = dist.TCPStore(
                 plan.host,
@@ -198,6 +200,28 @@ class NodeLink:
 
     def close(self) -> None:
         del self.store
+
+
+def _wait_for_node_0(host: str, port: int, seconds: float) -> None:
+    """Until node 0's store answers at ``host:port``, at most ``seconds``.
+
+    A plain socket, tried every half second: Ctrl-C stops the wait at once
+    (torch's own connect retries inside C++ and outlasts an interrupt), and a
+    host started before node 0 (schedulers start hosts in any order) waits quietly.
+    """
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=2.0):
+                return
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise RendezvousError(
+                    f"node 0's rendezvous at {host}:{port} did not answer within {seconds:g} s "
+                    f"({exc.strerror or exc}): start node 0 (--node-rank 0) with the same "
+                    "--master, or check the address and that the port is open"
+                ) from None
+        time.sleep(0.5)
 
 
 def _failure(text: bytes | str) -> RunFailure:
