@@ -124,10 +124,11 @@ class GroupWatch:
         """Give the others a moment to say why, then pick the cause, not the collateral."""
         deadline = time.monotonic() + GRACE_S
         while time.monotonic() < deadline:
-            claimed = self._mirror(self._local_codes())
+            codes = self._local_codes()
+            claimed = self._mirror(codes)
             if claimed is not None:
                 return claimed
-            if all(c is not None for c in self._local_codes().values()):
+            if all(c is not None for c in codes.values()):
                 break
             time.sleep(POLL_S)
         failure = self._diagnosed()

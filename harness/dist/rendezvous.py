@@ -108,7 +108,7 @@ class NodeLink:
         self.hostname = socket.gethostname()
         self._published: dict[str, str] = {}
         self._ticks: dict[int, tuple[int, float]] = {}
-        self.store.set(f"launch/host/{plan.node_rank}", self.hostname)
+        self.say(f"host/{plan.node_rank}", self.hostname)
 
     @property
     def address(self) -> str:
@@ -190,8 +190,7 @@ class NodeLink:
         return silent
 
     def host_of(self, node: int) -> str:
-        key = f"launch/host/{node}"
-        return self.store.get(key).decode(errors="replace") if self.store.check([key]) else "?"
+        return str(self.heard(f"host/{node}") or "?")
 
     def where(self, rank: int) -> str:
         """``node N (HOST)`` of a rank, for messages."""
