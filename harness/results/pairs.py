@@ -10,6 +10,7 @@ per-round ratio (``round_log_ratio``) instead of trusting a summary.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 from collections.abc import Sequence
@@ -53,8 +54,6 @@ class PairRecord:
 
 def round_log_ratio(base_ns: Sequence[int], candidate_ns: Sequence[int]) -> float:
     """One round's unit: ``log(median candidate / median base)``."""
-    import math
-
     return math.log(statistics.median(candidate_ns) / statistics.median(base_ns))
 
 
